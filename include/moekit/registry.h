@@ -1,0 +1,126 @@
+// moekit/registry.h: the kernel registry and the dispatch rule of SPEC 6.
+//
+// A kernel is one table row: name, op, variant, backend, dtype recipe, priority, and three
+// functions: supports(params) -> ok or the reason it refuses, workspace_bytes(params) and
+// run(params, context). Params are passed type-erased (const void*) and are always the op's own
+// Params struct (moekit/ops/*.h). Backends add their rows in register_<backend>_kernels(); the
+// registry is built once, on first use, in src/ops/registry_init.cpp.
+//
+// Selection, for one call (first rule that applies wins):
+//   1. RunOptions::kernel (explicit argument): that kernel or an error.
+//   2. MOEKIT_FORCE_KERNEL: a kernel of this op named there; an error if it refuses the problem.
+//   3. MOEKIT_BACKEND (auto | ref | cpu | cuda): only kernels of that backend are candidates.
+//   4. the highest-priority available candidate whose supports() accepts the problem.
+// When nothing accepts the problem the error lists every candidate and its reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moekit/core/status.h"
+
+namespace moekit {
+
+enum class Backend : uint8_t { ref, cpu, cuda };
+constexpr int kNumBackends = 3;
+const char* backend_name(Backend b);
+bool parse_backend(const std::string& s, Backend* out);
+
+// Every public operator (the stem used in file names, tests and bench labels).
+enum class OpKind : uint8_t {
+  topk_softmax,
+  grouped_topk,
+  sigmoid_topk,
+  sort_tokens,
+  shuffle_weight,
+  unshuffle_weight,
+  quantize_fp8,
+  convert_fp8,
+  fused_moe,
+};
+constexpr int kNumOps = 9;
+const char* op_name(OpKind op);
+bool parse_op(const std::string& s, OpKind* out);
+
+// fused_moe variants in SPEC 6 order; other ops use `none`.
+enum class MoeVariant : uint8_t { none, fp8_block, fp8_row_tkw1, fp8_row, unquantized };
+const char* variant_name(MoeVariant v);
+
+// Per-call options every front door takes.
+struct RunOptions {
+  const char* kernel = nullptr;   // explicit kernel name; overrides the environment
+  void* stream = nullptr;         // cudaStream_t for CUDA kernels (nullptr = default stream)
+  void* workspace = nullptr;      // caller workspace (see <op>_workspace_size); may be null for
+  size_t workspace_bytes = 0;     //   host kernels, which then get a front-door allocation
+  bool deterministic = false;     // fixed-order reductions (also on with MOEKIT_DETERMINISTIC=1)
+};
+
+// What a kernel's run() receives besides its params.
+struct RunContext {
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool deterministic = false;
+};
+
+struct Kernel {
+  const char* name;     // unique; used unchanged as file stem / test id / bench label
+  OpKind op;
+  MoeVariant variant;   // fused_moe only; `none` otherwise
+  Backend backend;
+  const char* recipe;   // dtype recipe, e.g. "x bf16|f16|f32, w same, f32 accumulate"
+  int priority;         // higher wins among kernels that accept a problem
+  Status (*supports)(const void* params);
+  size_t (*workspace_bytes)(const void* params);  // nullptr = needs none
+  Status (*run)(const void* params, const RunContext& ctx);
+};
+
+// Adapters so kernel files can write typed functions.
+template <class P, Status (*F)(const P&)>
+Status erase_supports(const void* p) {
+  return F(*static_cast<const P*>(p));
+}
+template <class P, size_t (*F)(const P&)>
+size_t erase_workspace(const void* p) {
+  return F(*static_cast<const P*>(p));
+}
+template <class P, Status (*F)(const P&, const RunContext&)>
+Status erase_run(const void* p, const RunContext& ctx) {
+  return F(*static_cast<const P*>(p), ctx);
+}
+
+class Registry {
+ public:
+  void add(const Kernel& k);
+  // Availability of a whole backend (e.g. "no CUDA device", "CPU lacks avx512bf16").
+  void set_backend_probe(Backend b, Status (*probe)());
+  Status backend_available(Backend b) const;
+
+  const std::vector<Kernel>& kernels() const { return kernels_; }
+  const Kernel* find(const std::string& name) const;
+  std::vector<const Kernel*> candidates(OpKind op, MoeVariant variant) const;
+
+  // The dispatch rule above. `shape_key` is a short description of the problem used by
+  // MOEKIT_PRINT_DISPATCH to print each (op, shape) choice once.
+  Status select(OpKind op, MoeVariant variant, const void* params, const RunOptions& opts,
+                const std::string& shape_key, const Kernel** out) const;
+
+ private:
+  std::vector<Kernel> kernels_;
+  Status (*probes_[kNumBackends])() = {nullptr, nullptr, nullptr};
+};
+
+// The process-wide registry with every compiled backend registered.
+const Registry& registry();
+
+// Selects a kernel and runs it: allocates a host workspace when the kernel needs one and the caller
+// gave none (host backends only), checks a caller workspace's size. Used by every front door.
+Status dispatch(OpKind op, MoeVariant variant, const void* params, const RunOptions& opts,
+                const std::string& shape_key);
+// Workspace bytes the kernel selected for these params/options needs.
+Status dispatch_workspace_size(OpKind op, MoeVariant variant, const void* params,
+                               const RunOptions& opts, const std::string& shape_key, size_t* bytes);
+
+}  // namespace moekit

@@ -1,0 +1,33 @@
+// Argument checks shared by every op's validate_<op>() (internal header).
+//
+// Each returns ok or an invalid_argument Status whose message starts with the argument's name and
+// shows the offending value, e.g. "topk_ids: shape must be [4, 2], got [4, 3]".
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "moekit/core/status.h"
+#include "moekit/core/tensor_view.h"
+
+namespace moekit::check {
+
+// "[4, 2]" with -1 printed as "*".
+std::string shape_str(std::initializer_list<int64_t> dims);
+
+Status present(const TensorView& t, const char* name);
+Status absent(const TensorView& t, const char* name, const char* why);
+// ndim within kMaxDims, non-negative sizes, data non-null when it has elements.
+Status well_formed(const TensorView& t, const char* name);
+Status dtype_in(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
+// Exact shape; -1 accepts any size in that position.
+Status shape_is(const TensorView& t, const char* name, std::initializer_list<int64_t> dims);
+Status contiguous(const TensorView& t, const char* name);
+// 2-D, last dim contiguous, row stride >= row length.
+Status row_strided(const TensorView& t, const char* name);
+Status layout_is(const TensorView& t, const char* name, Layout l);
+// All present tensors in the list live on the same device as `ref`.
+Status same_device(const TensorView& ref, const char* ref_name, const TensorView& t, const char* name);
+
+}  // namespace moekit::check

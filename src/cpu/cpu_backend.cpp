@@ -1,0 +1,22 @@
+// CPU backend registration. The AVX-512 BF16 kernels arrive with their own issue; today the
+// backend only probes the machine so `moekit ops` can say whether it would be available.
+#include "cpu/cpu_backend.h"
+
+#include "cpu/cpu_features.h"
+
+namespace moekit::cpu {
+
+namespace {
+Status probe() {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512f && f.avx512bw && f.avx512vl && f.os_saves_zmm)) {
+    return Unsupported("CPU lacks AVX-512 F/BW/VL (has: ", describe(f), ")");
+  }
+  if (!f.avx512bf16) return Unsupported("CPU lacks AVX-512 BF16 (has: ", describe(f), ")");
+  return Status::Ok();
+}
+}  // namespace
+
+void register_kernels(Registry& r) { r.set_backend_probe(Backend::cpu, probe); }
+
+}  // namespace moekit::cpu

@@ -1,0 +1,2 @@
+// Ecosystem (AITER) entry-point names. STUB.
+#include "moekit/registry.h"

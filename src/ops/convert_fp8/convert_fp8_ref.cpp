@@ -1,0 +1,6 @@
+// convert_fp8 reference kernel (SPEC 5). STUB: filled in by the convert_fp8 work.
+#include "ref/ref_kernels.h"
+
+namespace moekit::ref {
+void register_convert_fp8(Registry& r) { (void)r; }
+}  // namespace moekit::ref

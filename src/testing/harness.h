@@ -1,0 +1,193 @@
+// moekit testing harness: problem generators, error metrics, model presets and the per-op check /
+// bench hooks shared by the unit tests (tests/), `moekit check` and `moekit bench`, so a
+// benchmarked shape is always a tested shape (library target moekit_testing, not installed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/core/tensor_view.h"
+#include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"
+
+namespace moekit::testing {
+
+// ---------------------------------------------------------------- buffers and random data
+// An owning host buffer with a contiguous view.
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  TensorView view;  // contiguous over `bytes`, device cpu
+
+  Buffer() = default;
+  Buffer(DType dtype, std::initializer_list<int64_t> shape);
+  Buffer(DType dtype, const std::vector<int64_t>& shape);
+  Buffer(const Buffer& o);
+  Buffer& operator=(const Buffer& o);
+  Buffer(Buffer&&) = default;
+  Buffer& operator=(Buffer&&) = default;
+
+  int64_t numel() const { return view.numel(); }
+  template <class T>
+  T* data() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  template <class T>
+  const T* data() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+  float get(int64_t i) const { return load_as_f32(bytes.data(), view.dtype, i); }
+  void set(int64_t i, float v) { store_from_f32(bytes.data(), view.dtype, i, v); }
+  void fill_bytes(unsigned char b);  // e.g. 0xAB to poison outputs
+};
+
+// Deterministic generator (std::mt19937_64 seeded by the caller).
+struct Rng {
+  explicit Rng(uint64_t seed) : gen(seed) {}
+  std::mt19937_64 gen;
+  float uniform(float lo, float hi);
+  float normal(float mean, float stddev);
+  int64_t integer(int64_t lo, int64_t hi);  // inclusive
+  // Fills a floating buffer with normal(0, stddev) values, rounded to its dtype.
+  void fill_normal(Buffer& b, float stddev);
+  void fill_uniform(Buffer& b, float lo, float hi);
+};
+
+// ---------------------------------------------------------------- metrics
+struct Metrics {
+  int64_t count = 0;        // elements compared
+  int64_t mismatches = 0;   // elements outside tolerance (or unequal, for exact compares)
+  double max_abs_err = 0;
+  double max_rel_err = 0;   // |a-b| / max(|b|, rel_floor)
+  double cosine = 1;        // cosine similarity of the two tensors as vectors
+  double rms_ratio = 1;     // rms(actual) / rms(expected)
+  bool finite = true;       // actual has no NaN/Inf where expected is finite
+  std::string worst;        // coordinates and values of the worst element
+};
+
+// Elementwise compare of `actual` against `expected` (same numel) with |a-b| <= atol + rtol*|b|.
+// `dims` (optional) turns flat indices into coordinates in Metrics::worst.
+Metrics compare_close(const std::vector<double>& actual, const std::vector<double>& expected,
+                      double atol, double rtol, const std::vector<int64_t>& dims = {});
+// Exact compare of integer outputs.
+Metrics compare_exact(const std::vector<int64_t>& actual, const std::vector<int64_t>& expected,
+                      const std::vector<int64_t>& dims = {});
+// Reads every element of a host buffer view as double.
+std::vector<double> to_doubles(const TensorView& t);
+std::vector<int64_t> to_ints(const TensorView& t);
+
+// ---------------------------------------------------------------- presets and requests
+enum class Scheme : uint8_t { bf16, f16, f32, fp8_tensor, fp8_channel, fp8_block };
+const char* scheme_name(Scheme s);
+bool parse_scheme(const std::string& s, Scheme* out);
+
+enum class Routing : uint8_t { softmax_topk, grouped_topk, sigmoid_topk };
+
+struct ModelPreset {
+  const char* name;       // "mixtral", "deepseek-v3", "llama4", "qwen3-moe"
+  int64_t E, k, H, I;     // real dimensions (SPEC 7)
+  int64_t small_H, small_I;  // scaled-down default (multiples of 128)
+  Routing routing;
+  int n_group, topk_group;
+  bool renormalize;
+  float rsf;
+  bool weight_on_input;
+  Scheme scheme;          // the scheme the real checkpoint uses
+};
+const std::vector<ModelPreset>& model_presets();
+const ModelPreset* find_preset(const std::string& name);
+
+// A problem shape as the CLI flags give it. Unset (-1) fields come from the preset or defaults.
+struct ShapeRequest {
+  std::string model;      // preset name or "" (custom: experts/topk/hidden/inter)
+  int64_t experts = -1, topk = -1, hidden = -1, inter = -1;
+  bool full = false;      // preset at real dimensions instead of the scaled-down default
+  Scheme scheme = Scheme::bf16;
+  bool scheme_given = false;
+  Activation activation = Activation::silu;
+  bool weight_on_input = false;
+  uint64_t seed = 1;
+};
+
+// Resolved dimensions of a fused-MoE problem.
+struct MoeShape {
+  std::string label;      // e.g. "mixtral-small"
+  int64_t T = 1, E = 8, k = 2, H = 256, I = 256;
+  bool g1u1 = true;
+  Scheme scheme = Scheme::bf16;
+  Activation activation = Activation::silu;
+  bool weight_on_input = false;
+  Routing routing = Routing::softmax_topk;
+  int n_group = 1, topk_group = 1;
+  bool renormalize = true;
+  float rsf = 1.0f;
+};
+// Fills a MoeShape from a request and a token count; returns an error for bad combinations.
+Status resolve_shape(const ShapeRequest& req, int64_t tokens, MoeShape* out);
+
+// ---------------------------------------------------------------- per-op hooks
+struct CaseResult {
+  std::string op, kernel, backend, name;  // name: case label, e.g. "edge:T=0" or "mixtral-small T=8"
+  bool ok = false;
+  std::string reference;  // what it was compared with: "ref" or "oracle"
+  std::string detail;     // failure reason / tolerance used
+  Metrics metrics;
+};
+
+struct CheckRequest {
+  ShapeRequest shape;
+  std::vector<int64_t> tokens;  // token counts to run (empty = op's defaults)
+  bool has_backend = false;     // restrict to kernels of this backend
+  Backend backend = Backend::ref;
+  bool edge_cases = true;       // also run the op's named edge cases
+};
+
+// One prepared benchmark problem: owns its data, run() launches the kernel once.
+struct BenchProblem {
+  virtual ~BenchProblem() = default;
+  virtual Status run() = 0;
+  std::string shape;      // human-readable shape
+  double flops = 0;       // useful flops of one run
+  double bytes = 0;       // bytes that must move (memory floor numerator)
+};
+
+struct BenchRequest {
+  ShapeRequest shape;
+};
+
+struct OpHarness {
+  OpKind op;
+  // Every case of this op: the reference kernel against the independent oracle, and every other
+  // registered kernel (filtered by backend) against the reference.
+  std::vector<CaseResult> (*check)(const CheckRequest& req);
+  // Prepares a problem of `tokens` tokens for kernel k (nullptr when the op is not benchmarkable).
+  Status (*prepare_bench)(const BenchRequest& req, int64_t tokens, const Kernel& k,
+                          std::unique_ptr<BenchProblem>* out);
+};
+const std::vector<OpHarness>& op_harnesses();
+const OpHarness* find_harness(OpKind op);
+
+// The per-op hooks (src/testing/check_<op>.cpp).
+std::vector<CaseResult> check_topk_softmax(const CheckRequest& req);
+std::vector<CaseResult> check_grouped_topk(const CheckRequest& req);
+std::vector<CaseResult> check_sigmoid_topk(const CheckRequest& req);
+std::vector<CaseResult> check_sort_tokens(const CheckRequest& req);
+std::vector<CaseResult> check_shuffle_weight(const CheckRequest& req);
+std::vector<CaseResult> check_unshuffle_weight(const CheckRequest& req);
+std::vector<CaseResult> check_quantize_fp8(const CheckRequest& req);
+std::vector<CaseResult> check_convert_fp8(const CheckRequest& req);
+std::vector<CaseResult> check_fused_moe(const CheckRequest& req);
+
+Status bench_topk_softmax(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_grouped_topk(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_sigmoid_topk(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_sort_tokens(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_fused_moe(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+
+// Kernels of `op` that a check should run, given the backend filter.
+std::vector<const Kernel*> kernels_to_check(OpKind op, const CheckRequest& req);
+
+}  // namespace moekit::testing

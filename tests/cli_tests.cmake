@@ -1,0 +1,1 @@
+# CLI contract tests. STUB

@@ -1,0 +1,2 @@
+// test_convert_fp8 STUB
+#include <gtest/gtest.h>

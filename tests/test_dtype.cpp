@@ -1,0 +1,2 @@
+// test_dtype STUB
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// test_fused_moe STUB
+#include <gtest/gtest.h>

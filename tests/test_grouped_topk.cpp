@@ -1,0 +1,2 @@
+// test_grouped_topk STUB
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// test_registry STUB
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// test_shuffle_weight STUB
+#include <gtest/gtest.h>

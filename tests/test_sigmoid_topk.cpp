@@ -1,0 +1,2 @@
+// test_sigmoid_topk STUB
+#include <gtest/gtest.h>

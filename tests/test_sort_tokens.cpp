@@ -1,0 +1,2 @@
+// test_sort_tokens STUB
+#include <gtest/gtest.h>

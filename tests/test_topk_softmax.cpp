@@ -1,0 +1,2 @@
+// test_topk_softmax STUB
+#include <gtest/gtest.h>
