@@ -23,6 +23,8 @@
 
 namespace moekit {
 
+struct Config;
+
 enum class Backend : uint8_t { ref, cpu, cuda };
 constexpr int kNumBackends = 3;
 const char* backend_name(Backend b);
@@ -106,6 +108,9 @@ class Registry {
   // MOEKIT_PRINT_DISPATCH to print each (op, shape) choice once.
   Status select(OpKind op, MoeVariant variant, const void* params, const RunOptions& opts,
                 const std::string& shape_key, const Kernel** out) const;
+  // Same rule with an explicit configuration instead of the process environment (for tests).
+  Status select_with(const Config& cfg, OpKind op, MoeVariant variant, const void* params,
+                     const RunOptions& opts, const std::string& shape_key, const Kernel** out) const;
 
  private:
   std::vector<Kernel> kernels_;

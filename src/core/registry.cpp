@@ -127,7 +127,11 @@ void print_choice(OpKind op, MoeVariant variant, const std::string& shape_key, c
 
 Status Registry::select(OpKind op, MoeVariant variant, const void* params, const RunOptions& opts,
                         const std::string& shape_key, const Kernel** out) const {
-  const Config& cfg = config();
+  return select_with(config(), op, variant, params, opts, shape_key, out);
+}
+
+Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, const void* params,
+                             const RunOptions& opts, const std::string& shape_key, const Kernel** out) const {
   if (!cfg.error.empty()) return InvalidArgument("bad environment: ", cfg.error);
   const std::vector<const Kernel*> cands = candidates(op, variant);
   std::string where = std::string(op_name(op)) +
