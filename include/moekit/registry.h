@@ -4,7 +4,7 @@
 // functions: supports(params) -> ok or the reason it refuses, workspace_bytes(params) and
 // run(params, context). Params are passed type-erased (const void*) and are always the op's own
 // Params struct (moekit/ops/*.h). Backends add their rows in register_<backend>_kernels(); the
-// registry is built once, on first use, in src/ops/registry_init.cpp.
+// registry is built once, on first use, in src/ops/dispatch.cpp.
 //
 // Selection, for one call (first rule that applies wins):
 //   1. RunOptions::kernel (explicit argument): that kernel or an error.

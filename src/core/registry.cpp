@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -191,44 +190,6 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
                        filtered ? std::string(" with MOEKIT_BACKEND=") + cfg.backend : std::string());
   }
   return Unsupported("no kernel accepts this ", where, " problem [", shape_key, "]:", reasons.str());
-}
-
-Status dispatch_workspace_size(OpKind op, MoeVariant variant, const void* params,
-                               const RunOptions& opts, const std::string& shape_key, size_t* bytes) {
-  const Kernel* k = nullptr;
-  MOEKIT_RETURN_IF_ERROR(registry().select(op, variant, params, opts, shape_key, &k));
-  *bytes = k->workspace_bytes ? k->workspace_bytes(params) : 0;
-  return Status::Ok();
-}
-
-Status dispatch(OpKind op, MoeVariant variant, const void* params, const RunOptions& opts,
-                const std::string& shape_key) {
-  const Kernel* k = nullptr;
-  MOEKIT_RETURN_IF_ERROR(registry().select(op, variant, params, opts, shape_key, &k));
-  RunContext ctx;
-  ctx.stream = opts.stream;
-  ctx.deterministic = opts.deterministic || config().deterministic;
-  const size_t need = k->workspace_bytes ? k->workspace_bytes(params) : 0;
-  std::unique_ptr<unsigned char[]> owned;
-  if (need > 0) {
-    if (opts.workspace != nullptr) {
-      if (opts.workspace_bytes < need) {
-        return InvalidArgument("workspace: kernel ", k->name, " needs ", need, " bytes, got ",
-                               opts.workspace_bytes);
-      }
-      ctx.workspace = opts.workspace;
-      ctx.workspace_bytes = opts.workspace_bytes;
-    } else if (k->backend == Backend::cuda) {
-      return InvalidArgument("workspace: kernel ", k->name, " needs ", need,
-                             " bytes of device workspace and none was given (query it with the op's "
-                             "workspace_size function)");
-    } else {
-      owned.reset(new unsigned char[need]);
-      ctx.workspace = owned.get();
-      ctx.workspace_bytes = need;
-    }
-  }
-  return k->run(params, ctx);
 }
 
 }  // namespace moekit

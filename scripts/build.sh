@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures and builds moekit into ${BUILD_DIR:-build} (Release, Ninja, ccache when present).
+# Extra arguments go to the CMake configure step (e.g. -DMOEKIT_CUDA=OFF).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_WERROR=ON "$@"
+cmake --build "$BUILD_DIR" -j "${MOEKIT_JOBS:-$(nproc)}"
