@@ -105,9 +105,9 @@ Status validate_sort_tokens(const SortTokensParams& p) {
   MOEKIT_RETURN_IF_ERROR(check::present(p.topk_ids, "topk_ids"));
   MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_ids, "topk_ids", {DType::i32}));
   MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_ids, "topk_ids", {-1, -1}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
   const int64_t T = p.topk_ids.shape[0], k = p.topk_ids.shape[1];
   if (k < 1) return InvalidArgument("topk_ids: k (dim 1) must be >= 1, got ", k);
+  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
   if (T > kI32Max || k > kI32Max || T * k > kI32Max) {
     return InvalidArgument("topk_ids: T*k must be <= 2^31 - 1, got T=", T, " k=", k);
   }
