@@ -36,7 +36,7 @@ std::string describe(const SortTokensGen& g) {
   return os.str();
 }
 
-// Named edge cases on the request's E and k (each in both encodings).
+// Named edge cases on the request's E and k (each in both encodings where the encoding can hold it).
 std::vector<NamedCase> edge_cases(const MoeShape& s) {
   SortTokensGen base;
   base.Eg = s.E;
@@ -46,6 +46,7 @@ std::vector<NamedCase> edge_cases(const MoeShape& s) {
   std::vector<NamedCase> cases;
   auto add = [&](const std::string& name, SortTokensGen g) {
     for (SortEncoding enc : {SortEncoding::packed, SortEncoding::flat}) {
+      if (enc == SortEncoding::packed && g.k > kSortPackedMaxTopk) continue;  // refused by contract
       g.encoding = enc;
       cases.push_back({"edge:" + name + " " + sort_encoding_name(enc), g});
     }
@@ -62,6 +63,18 @@ std::vector<NamedCase> edge_cases(const MoeShape& s) {
   g = base;
   g.T = 2;  // at most 2*k of the E experts are used: the rest must get no block
   add("empty experts", g);
+  g = base;
+  g.k = 1;
+  add("k=1", g);
+  g = base;
+  g.T = 3;
+  g.k = s.E;  // every token on every expert (flat only when E > 127: packed holds k <= 127)
+  add("k=E", g);
+  g = base;
+  g.ep = SortEp::mask;
+  g.E_local = s.E / 2 + 1;  // uneven expert parallelism: 5 of 8, 129 of 256 local experts
+  if (g.E_local > s.E) g.E_local = s.E;
+  add("E not a power of two", g);
   g = base;
   g.block_m = 1;
   add("block_m=1", g);
