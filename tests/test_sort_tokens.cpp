@@ -131,7 +131,9 @@ void expect_invalid(SortTokensBuffers& b, const SortTokensParams& p, std::initia
   const Status s = sort_tokens(p, opts);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
-  for (const char* n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << "'" << n << "' not in: " << s.message();
+  for (const char* n : needles) {
+    EXPECT_NE(s.message().find(n), std::string::npos) << "'" << n << "' not in: " << s.message();
+  }
   EXPECT_EQ(b.sorted_token_ids.bytes, before);
 }
 

@@ -38,7 +38,8 @@ SortTokensOutput oracle_sort_tokens(const SortTokensInput& in) {
   }
   // Entries were generated in (token, slot) order; a stable sort by expert keeps that order inside
   // each expert, which is the contract.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.expert < b.expert; });
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.expert < b.expert; });
 
   const int32_t pad = in.encoding == SortEncoding::packed ? int32_t((in.k << 24) | in.T) : int32_t(in.T * in.k);
   SortTokensOutput out;
