@@ -137,8 +137,10 @@ SortTokensBuffers::SortTokensBuffers(const SortTokensInput& input)
       sorted_weights(DType::f32, {sort_tokens_max_padded(input.T, input.k, input.E, input.block_m)}),
       sorted_expert_ids(DType::i32, {sort_tokens_max_blocks(input.T, input.k, input.E, input.block_m)}),
       num_valid(DType::i32, {1}) {
-  std::memcpy(topk_ids.bytes.data(), in.topk_ids.data(), in.topk_ids.size() * sizeof(int32_t));
-  std::memcpy(topk_weights.bytes.data(), in.topk_weights.data(), in.topk_weights.size() * sizeof(float));
+  if (!in.topk_ids.empty()) {  // T = 0: data() may be null, which memcpy must not see
+    std::memcpy(topk_ids.bytes.data(), in.topk_ids.data(), in.topk_ids.size() * sizeof(int32_t));
+    std::memcpy(topk_weights.bytes.data(), in.topk_weights.data(), in.topk_weights.size() * sizeof(float));
+  }
   if (!in.expert_mask.empty()) {
     expert_mask = Buffer(DType::i32, {int64_t(in.expert_mask.size())});
     std::memcpy(expert_mask.bytes.data(), in.expert_mask.data(), in.expert_mask.size() * sizeof(int32_t));
