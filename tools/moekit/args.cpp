@@ -125,10 +125,18 @@ Status parse_problem_set(const ShapeFlags& f, int64_t min_tokens, ProblemSet* ou
 
   // The size flags go into a separate request: the custom shape, or the named preset's overrides.
   testing::ShapeRequest sized = base;
-  MOEKIT_RETURN_IF_ERROR(f.experts.empty() ? Status::Ok() : parse_int("--experts", f.experts, 1, kMaxExperts, &sized.experts));
-  MOEKIT_RETURN_IF_ERROR(f.topk.empty() ? Status::Ok() : parse_int("--topk", f.topk, 1, kMaxExperts, &sized.topk));
-  MOEKIT_RETURN_IF_ERROR(f.hidden.empty() ? Status::Ok() : parse_int("--hidden", f.hidden, 1, kMaxDim, &sized.hidden));
-  MOEKIT_RETURN_IF_ERROR(f.inter.empty() ? Status::Ok() : parse_int("--inter", f.inter, 1, kMaxDim, &sized.inter));
+  const struct {
+    const char* flag;
+    const std::string& text;
+    int64_t max;
+    int64_t* out;
+  } kSizes[] = {{"--experts", f.experts, kMaxExperts, &sized.experts},
+                {"--topk", f.topk, kMaxExperts, &sized.topk},
+                {"--hidden", f.hidden, kMaxDim, &sized.hidden},
+                {"--inter", f.inter, kMaxDim, &sized.inter}};
+  for (const auto& sz : kSizes) {
+    if (!sz.text.empty()) MOEKIT_RETURN_IF_ERROR(parse_int(sz.flag, sz.text, 1, sz.max, sz.out));
+  }
   const bool sizes_given = !f.experts.empty() || !f.topk.empty() || !f.hidden.empty() || !f.inter.empty();
 
   ProblemSet ps;

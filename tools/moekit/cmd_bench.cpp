@@ -153,7 +153,8 @@ void print_row(const Row& r) {
   } else {
     const double s = r.time_us * 1e-6;
     std::printf(kRowFormat, r.op.c_str(), r.kernel.c_str(), r.backend.c_str(), r.label.c_str(), r.scheme.c_str(),
-                std::to_string(r.tokens).c_str(), num("%.2f", r.time_us).c_str(), num("%.4f", r.flops / s / 1e12).c_str(),
+                std::to_string(r.tokens).c_str(), num("%.2f", r.time_us).c_str(),
+                num("%.4f", r.flops / s / 1e12).c_str(),
                 num("%.2f", r.bytes / s / 1e9).c_str(), num("%.2f", mem_floor_us(r)).c_str(),
                 num("%.2f", compute_floor_us(r)).c_str(), num("%.4f", frac_floor(r)).c_str(), bound(r),
                 (r.cache + " x" + std::to_string(r.copies)).c_str());
@@ -220,13 +221,24 @@ int run_bench(const BenchArgs& a) {
     }
   }
   std::FILE* notes = a.json ? stderr : stdout;
+  bool cuda_rows = false;
+  for (OpKind op : ops) {
+    cuda_rows |= !kernels_of(op, Backend::cuda).empty() && registry().backend_available(Backend::cuda).ok();
+  }
   HostPeaks host;
   if (host_rows) {
     host = measure_host(peak_gbps == 0, peak_gflops == 0);
+    if (peak_gbps > 0) host.dram_gbps = {peak_gbps, "--peak-gbps, not measured"};
+    if (peak_gflops > 0) host.bf16_gflops = host.fp32_gflops = {peak_gflops, "--peak-gflops, not measured"};
     std::fprintf(notes, "%s\n", describe(host).c_str());
   }
-  if (peak_gbps > 0) std::fprintf(notes, "  memory floor: --peak-gbps %g GB/s (overrides the measurement)\n", peak_gbps);
-  if (peak_gflops > 0) std::fprintf(notes, "  compute floor: --peak-gflops %g GFLOP/s (overrides the measurement)\n", peak_gflops);
+  if (cuda_rows) {
+    const Floors d = device_floors(testing::Scheme::bf16), d8 = device_floors(testing::Scheme::fp8_block);
+    std::fprintf(notes, "cuda: %g GB/s (%s), %g / %g GFLOP/s bf16 / fp8%s\n", peak_gbps > 0 ? peak_gbps : d.gbps.value,
+                 peak_gbps > 0 ? "--peak-gbps" : d.gbps.how.c_str(), peak_gflops > 0 ? peak_gflops : d.gflops.value,
+                 peak_gflops > 0 ? peak_gflops : d8.gflops.value,
+                 peak_gflops > 0 ? " (--peak-gflops)" : " (nominal H200)");
+  }
   if (!a.json) {
     std::printf("\n");
     std::printf(kRowFormat, "op", "kernel", "backend", "case", "scheme", "tokens", "time_us", "TFLOP/s", "GB/s",

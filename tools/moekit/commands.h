@@ -18,7 +18,7 @@ namespace moekit::cli {
 
 // Exit codes (docs/cli.md, "Exit codes"). Stable: scripts depend on them.
 constexpr int kExitOk = 0;        // everything ran and passed
-constexpr int kExitFailure = 1;   // a check mismatch, a kernel error, an unavailable requested backend
+constexpr int kExitFailure = 1;   // a mismatch, a kernel error, an unavailable requested backend, nothing ran
 constexpr int kExitUsage = 2;     // bad arguments (unknown flag/value, inconsistent shape)
 
 // ---------------------------------------------------------------- raw flags (as typed)

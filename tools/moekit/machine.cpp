@@ -31,7 +31,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kReadBytes = size_t(512) << 20;  // >= 512 MiB: far beyond any last-level cache
-constexpr int kPasses = 3;                        // best of
+constexpr int kPasses = 5;                        // best of
 constexpr int64_t kDotIters = int64_t(1) << 22;   // per thread: 16 instructions per iteration
 
 std::atomic<uint64_t> g_sink{0};  // results go here so the loops cannot be optimised away
@@ -203,6 +203,7 @@ HostPeaks measure_host(bool bandwidth, bool compute) {
     p.fp32_gflops = measure_rate(p.threads, fp32_fma_loop, 16 * 32.0, "vfmadd zmm fp32, 16 accumulators");
   }
 #endif
+  if (compute && p.bf16_gflops.value == 0) p.bf16_gflops.how = "not available: the CPU lacks AVX-512 BF16";
   if (compute && p.fp32_gflops.value == 0) {
     p.fp32_gflops = measure_rate(p.threads, scalar_fma_loop, 8 * 2.0, "portable fp32 multiply-add loop (no AVX-512)");
   }
