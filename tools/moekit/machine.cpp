@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -241,7 +242,7 @@ std::string describe(const HostPeaks& p) {
   auto line = [&](const char* name, const Peak& k, const char* unit) {
     os << "  " << name << ": ";
     if (k.value > 0) {
-      os << k.value << ' ' << unit << " (" << k.how << ")\n";
+      os << std::fixed << std::setprecision(1) << k.value << ' ' << unit << " (" << k.how << ")\n";
     } else {
       os << (k.how.empty() ? "not measured" : k.how) << '\n';
     }
