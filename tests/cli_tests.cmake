@@ -1,1 +1,92 @@
-# CLI contract tests. STUB
+# Contract tests of the `moekit` command-line tool (docs/cli.md): exit codes, the listing, the JSON
+# keys. Each test runs the built binary through `sh -c SCRIPT BINARY`, so inside SCRIPT "$0" is the
+# binary. Run them with `ctest -L cli`. Tests labelled `needs-hooks` need the op harness hooks
+# (src/testing/check_*.cpp): with a stub hook `check` and `bench` run nothing and exit 1.
+# Included from tests/CMakeLists.txt when MOEKIT_BUILD_TOOLS is on.
+
+find_program(MOEKIT_PYTHON3 python3)
+
+# moekit_cli_test(NAME SCRIPT [LABELS ...]): SCRIPT must exit 0 for the test to pass.
+function(moekit_cli_test name script)
+  add_test(NAME cli.${name} COMMAND sh -c "${script}" "$<TARGET_FILE:moekit_cli>")
+  set_tests_properties(cli.${name} PROPERTIES LABELS "cli;${ARGN}" TIMEOUT 300)
+endfunction()
+
+# moekit_cli_usage_error(NAME FLAG ARGS...): `moekit ARGS...` must exit exactly 2 and print exactly
+# one line on stderr that mentions FLAG (the flag whose value is bad).
+function(moekit_cli_usage_error name flag)
+  list(JOIN ARGN " " args)
+  moekit_cli_test(usage.${name}
+    "err=$(\"$0\" ${args} 2>&1 >/dev/null); rc=$?; echo \"rc=$rc: $err\"; test $rc -eq 2 && test \"$(printf '%s\\n' \"$err\" | wc -l)\" -eq 1 && printf '%s' \"$err\" | grep -q -F -e '${flag}'")
+endfunction()
+
+# ---- version, help, listing
+moekit_cli_test(version "out=$(\"$0\" --version) && echo \"$out\" && test \"$out\" = 'moekit ${PROJECT_VERSION}'")
+moekit_cli_test(help "out=$(\"$0\" --help) && echo \"$out\" | grep -q check && echo \"$out\" | grep -q bench")
+moekit_cli_test(ops
+  "out=$(\"$0\" ops) || exit 1; echo \"$out\"; for w in topk_softmax_ref fused_moe sort_tokens ref cpu cuda; do echo \"$out\" | grep -q -w $w || exit 1; done")
+
+# ---- bad arguments: exit 2 with one line naming the flag (docs/cli.md, "Exit codes")
+moekit_cli_usage_error(unknown_model --model check --model foo)
+moekit_cli_usage_error(unknown_op --op check --op nope)
+moekit_cli_usage_error(unknown_backend --backend check --backend gpu)
+moekit_cli_usage_error(bad_scheme --scheme check --scheme fp9)
+moekit_cli_usage_error(bad_activation --activation check --activation relu)
+moekit_cli_usage_error(topk_gt_experts --topk check --experts 8 --topk 9)
+moekit_cli_usage_error(negative_size --experts check --experts -3)
+moekit_cli_usage_error(bad_size --hidden check --hidden 12x)
+moekit_cli_usage_error(malformed_tokens --tokens check --tokens 1,,8)
+moekit_cli_usage_error(malformed_tokens_text --tokens check --tokens 1,x)
+moekit_cli_usage_error(negative_tokens --tokens check --tokens -1)
+moekit_cli_usage_error(bad_seed --seed check --seed abc)
+moekit_cli_usage_error(unknown_flag --bogus check --bogus)
+moekit_cli_usage_error(missing_value --experts check --experts)
+moekit_cli_usage_error(no_subcommand subcommand)
+moekit_cli_usage_error(bench_missing_op --op bench)
+moekit_cli_usage_error(bench_unknown_model --model bench --op topk_softmax --model foo)
+moekit_cli_usage_error(bench_not_benchable --op bench --op shuffle_weight)
+moekit_cli_usage_error(bench_zero_tokens --tokens bench --op topk_softmax --tokens 0)
+moekit_cli_usage_error(bench_zero_iters --iters bench --op topk_softmax --iters 0)
+moekit_cli_usage_error(bench_bad_peak --peak-gbps bench --op topk_softmax --peak-gbps -5)
+moekit_cli_usage_error(ops_unknown_flag --bogus ops --bogus)
+
+# ---- an explicitly requested backend that cannot run here is a failure (exit 1), not a pass
+if(NOT MOEKIT_WITH_CUDA)
+  moekit_cli_test(check_unavailable_backend
+    "err=$(\"$0\" check --backend cuda 2>&1 >/dev/null); rc=$?; echo \"rc=$rc: $err\"; test $rc -eq 1 && printf '%s' \"$err\" | grep -q cuda")
+  moekit_cli_test(bench_unavailable_backend
+    "\"$0\" bench --op topk_softmax --backend cuda --tokens 1 >/dev/null; test $? -eq 1")
+endif()
+
+# ---- check and bench through the harness hooks
+moekit_cli_test(check_topk_softmax_ref "\"$0\" check --op topk_softmax --backend ref" needs-hooks)
+
+if(MOEKIT_PYTHON3)
+  # JSON output: valid, and every stable key present (docs/cli.md lists them).
+  moekit_cli_test(ops_json
+    "\"$0\" ops --json > ops.json || exit 1; \"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('ops.json')); \
+assert len(d['ops']) == 9, d['ops']; assert [b['name'] for b in d['backends']] == ['ref', 'cpu', 'cuda']; \
+assert 'topk_softmax_ref' in [k['name'] for k in d['kernels']]; \
+keys = {'name', 'op', 'variant', 'backend', 'recipe', 'priority', 'available', 'reason'}; \
+assert all(keys <= set(k) for k in d['kernels'])\"")
+  moekit_cli_test(check_json
+    "\"$0\" check --op topk_softmax --backend ref --model mixtral --tokens 1,8 --json > check.json || exit 1; \
+\"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('check.json')); assert d and all(c['ok'] for c in d); \
+keys = {'op', 'kernel', 'backend', 'case', 'reference', 'ok', 'max_abs_err', 'max_rel_err', 'cosine', 'rms_ratio', \
+'mismatches', 'count', 'finite', 'worst', 'detail'}; missing = [keys - set(c) for c in d if not keys <= set(c)]; \
+assert not missing, missing\"" needs-hooks)
+  moekit_cli_test(bench_json
+    "\"$0\" bench --op topk_softmax --backend ref --tokens 1,8 --iters 3 --json > bench.json || exit 1; \
+\"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('bench.json')); ok = [r for r in d if r['status'] == 'ok']; \
+assert ok and {r['tokens'] for r in ok} == {1, 8}, d; \
+keys = {'op', 'kernel', 'backend', 'scheme', 'tokens', 'time_us', 'tflops', 'gbps', 'mem_floor_us', \
+'compute_floor_us', 'frac_floor'}; assert all(keys <= set(r) for r in d); assert all(r['time_us'] > 0 for r in ok)\"" needs-hooks)
+  # --peak-gbps / --peak-gflops replace the measurement and set the floors exactly.
+  moekit_cli_test(bench_peak_override
+    "\"$0\" bench --op topk_softmax --backend ref --model mixtral --tokens 8 --iters 3 --peak-gbps 100 --peak-gflops 1000 --json > peak.json || exit 1; \
+\"${MOEKIT_PYTHON3}\" -c \"import json; d = [r for r in json.load(open('peak.json')) if r['status'] == 'ok']; assert d; \
+assert all(r['peak_gbps'] == 100 and r['peak_gflops'] == 1000 for r in d); \
+assert all(abs(r['mem_floor_us'] - r['bytes'] / 100e3) < 1e-9 for r in d)\"" needs-hooks)
+else()
+  message(STATUS "moekit: python3 not found, the cli JSON tests are not registered")
+endif()

@@ -1,1 +1,314 @@
-// STUB
+// `moekit bench`: for each op, problem, token count and kernel of the selected backends, prepares
+// the problem through the op's harness hook (OpHarness::prepare_bench, src/testing/harness.h),
+// warms up, times it and compares the median with the machine floors (machine.h). docs/cli.md,
+// "moekit bench", documents the columns, the JSON keys and the timing method. Tests: cli.bench.*
+// in tests/cli_tests.cmake.
+//
+// Timing: each sample is the mean of a batch of back-to-back runs (batch = 1 unless one run is
+// under 5 us, so the clock's resolution does not dominate); the reported time is the median
+// sample. Inputs rotate between up to 4 prepared copies so a run does not find the previous run's
+// data in L1/L2; problems whose copies together fit in the last-level cache are still timed
+// warm-cache, and the "cache" column says so.
+//
+// NOTE: times are host wall-clock times of BenchProblem::run(). That is right for the host
+// backends; CUDA rows are only meaningful when the hook's run() synchronizes the stream. Event-based
+// timing / CUDA-graph replay belongs in a BenchProblem extension when the CUDA backend has kernels.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "commands.h"
+#include "machine.h"
+
+namespace moekit::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TimingPlan {
+  int64_t iters = 0;   // fixed number of samples (0 = adaptive: >= 30 samples and >= 0.2 s)
+  int64_t warmup = 3;  // untimed runs before the first sample
+};
+
+struct Row {
+  std::string op, kernel, backend, label, shape, scheme;
+  int64_t tokens = 0;
+  std::string status = "ok";  // ok | skipped | error
+  std::string reason;
+  double time_us = NAN, flops = 0, bytes = 0;
+  int64_t samples = 0, batch = 1, copies = 1;
+  std::string cache;
+  Floors floors;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+size_t last_level_cache_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? size_t(l3) : (size_t(32) << 20);  // 32 MiB when the OS does not say
+}
+
+// Copies worth preparing: rotate 4 copies of small problems, 2 of medium ones, and stream big ones
+// (already far larger than any cache) from one. time_one() also keeps a single copy when preparing
+// one is slow: generating random data is not free.
+int64_t copies_for(double bytes) {
+  if (bytes <= double(16 << 20)) return 4;
+  if (bytes <= double(128 << 20)) return 2;
+  return 1;
+}
+
+// Prepares, warms up and times one (problem, kernel). Fills time/flops/bytes or status/reason.
+void time_one(const testing::OpHarness& h, const testing::BenchRequest& br, const Kernel& k,
+              const TimingPlan& plan, Row* row) {
+  std::vector<std::unique_ptr<testing::BenchProblem>> copies(1);
+  const auto p0 = Clock::now();
+  Status s = h.prepare_bench(br, row->tokens, k, &copies[0]);
+  const double prepare_s = seconds_since(p0);
+  if (s.ok() && copies[0] == nullptr) s = Internal("prepare_bench returned no problem");
+  if (!s.ok()) {
+    row->status = s.code() == StatusCode::unsupported ? "skipped" : "error";
+    row->reason = s.message();
+    return;
+  }
+  row->flops = copies[0]->flops;
+  row->bytes = copies[0]->bytes;
+  row->shape = copies[0]->shape;
+  // Extra copies only when cheap: at most ~0.5 s of extra data generation per row.
+  const int64_t want = prepare_s * double(copies_for(row->bytes) - 1) <= 0.5 ? copies_for(row->bytes) : 1;
+  while (int64_t(copies.size()) < want) {
+    std::unique_ptr<testing::BenchProblem> p;
+    if (!h.prepare_bench(br, row->tokens, k, &p).ok() || p == nullptr) break;
+    copies.push_back(std::move(p));
+  }
+  row->copies = int64_t(copies.size());
+  row->cache = double(row->copies) * row->bytes <= double(last_level_cache_bytes()) ? "warm" : "rotated";
+
+  size_t next = 0;
+  auto run_once = [&]() -> Status {
+    const Status st = copies[next]->run();
+    next = (next + 1) % copies.size();
+    return st;
+  };
+  // Warm-up; the first run also checks that the kernel accepts the problem.
+  for (int64_t i = 0; i < std::max<int64_t>(1, plan.warmup); ++i) {
+    s = run_once();
+    if (!s.ok()) {
+      row->status = "error";
+      row->reason = s.to_string();
+      return;
+    }
+  }
+  const auto c0 = Clock::now();
+  (void)run_once();
+  const double one = seconds_since(c0);
+  row->batch = one < 5e-6 ? std::min<int64_t>(10000, int64_t(std::ceil(5e-6 / std::max(one, 1e-9)))) : 1;
+
+  std::vector<double> samples;
+  bool failed = false;
+  const auto t_start = Clock::now();
+  while (true) {
+    const auto t0 = Clock::now();
+    for (int64_t b = 0; b < row->batch; ++b) failed |= !run_once().ok();
+    samples.push_back(seconds_since(t0) / double(row->batch));
+    if (failed) {
+      row->status = "error";
+      row->reason = "a timed run returned an error (the warm-up runs succeeded)";
+      return;
+    }
+    const double elapsed = seconds_since(t_start);
+    const int64_t n = int64_t(samples.size());
+    if (plan.iters > 0 ? n >= plan.iters
+                       : ((n >= 30 && elapsed >= 0.2) || (n >= 3 && elapsed >= 3.0) || n >= 100000)) {
+      break;
+    }
+  }
+  std::nth_element(samples.begin(), samples.begin() + long(samples.size() / 2), samples.end());
+  row->samples = int64_t(samples.size());
+  row->time_us = samples[samples.size() / 2] * 1e6;
+}
+
+// Floors in microseconds (NAN when the peak is unknown).
+double mem_floor_us(const Row& r) { return r.floors.gbps.value > 0 ? r.bytes / r.floors.gbps.value / 1e3 : NAN; }
+double compute_floor_us(const Row& r) {
+  return r.floors.gflops.value > 0 ? r.flops / r.floors.gflops.value / 1e3 : NAN;
+}
+double frac_floor(const Row& r) {
+  const double m = mem_floor_us(r), c = compute_floor_us(r);
+  const double f = std::max(std::isnan(m) ? 0.0 : m, std::isnan(c) ? 0.0 : c);
+  return r.status == "ok" && f > 0 && r.time_us > 0 ? f / r.time_us : NAN;
+}
+const char* bound(const Row& r) {
+  const double m = mem_floor_us(r), c = compute_floor_us(r);
+  if (std::isnan(m) && std::isnan(c)) return "?";
+  return std::isnan(c) || (!std::isnan(m) && m >= c) ? "memory" : "compute";
+}
+
+const char* const kRowFormat = "%-14s %-30s %-7s %-18s %-11s %7s %12s %9s %9s %12s %12s %10s %-8s %s\n";
+
+std::string num(const char* f, double v) {
+  if (std::isnan(v)) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+void print_row(const Row& r) {
+  if (r.status != "ok") {
+    std::printf("%-14s %-30s %-7s %-18s %-11s %7lld  %s: %s\n", r.op.c_str(), r.kernel.c_str(), r.backend.c_str(),
+                r.label.c_str(), r.scheme.c_str(), static_cast<long long>(r.tokens), r.status.c_str(),
+                r.reason.c_str());
+  } else {
+    const double s = r.time_us * 1e-6;
+    std::printf(kRowFormat, r.op.c_str(), r.kernel.c_str(), r.backend.c_str(), r.label.c_str(), r.scheme.c_str(),
+                std::to_string(r.tokens).c_str(), num("%.2f", r.time_us).c_str(),
+                num("%.4f", r.flops / s / 1e12).c_str(),
+                num("%.2f", r.bytes / s / 1e9).c_str(), num("%.2f", mem_floor_us(r)).c_str(),
+                num("%.2f", compute_floor_us(r)).c_str(), num("%.4f", frac_floor(r)).c_str(), bound(r),
+                (r.cache + " x" + std::to_string(r.copies)).c_str());
+  }
+  std::fflush(stdout);
+}
+
+nlohmann::json to_json(const Row& r) {
+  const bool ok = r.status == "ok";
+  const double s = r.time_us * 1e-6;
+  auto or_null = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  return {{"op", r.op}, {"kernel", r.kernel}, {"backend", r.backend}, {"case", r.label}, {"shape", r.shape},
+          {"scheme", r.scheme}, {"tokens", r.tokens}, {"status", r.status}, {"reason", r.reason},
+          {"time_us", or_null(r.time_us)}, {"tflops", ok ? or_null(r.flops / s / 1e12) : nullptr},
+          {"gbps", ok ? or_null(r.bytes / s / 1e9) : nullptr}, {"flops", r.flops}, {"bytes", r.bytes},
+          {"mem_floor_us", or_null(mem_floor_us(r))}, {"compute_floor_us", or_null(compute_floor_us(r))},
+          {"frac_floor", or_null(frac_floor(r))}, {"bound", bound(r)},
+          {"peak_gbps", r.floors.gbps.value}, {"peak_gbps_source", r.floors.gbps.how},
+          {"peak_gflops", r.floors.gflops.value}, {"peak_gflops_source", r.floors.gflops.how},
+          {"compute_rate", r.floors.rate}, {"samples", r.samples}, {"batch", r.batch}, {"copies", r.copies},
+          {"cache", r.cache}};
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& a) {
+  std::vector<OpKind> ops;
+  std::vector<Backend> backends;
+  bool explicit_backend = false;
+  ProblemSet problems;
+  TimingPlan plan;
+  double peak_gbps = 0, peak_gflops = 0;
+  Status s = parse_op_selection(a.op, &ops);
+  if (s.ok()) s = parse_backend_selection(a.backend, &backends, &explicit_backend);
+  if (s.ok()) s = parse_problem_set(a.shape, 1, &problems);
+  if (s.ok() && !a.iters.empty()) s = parse_int("--iters", a.iters, 1, 1000000, &plan.iters);
+  if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
+  if (s.ok() && !a.peak_gbps.empty()) s = parse_positive("--peak-gbps", a.peak_gbps, &peak_gbps);
+  if (s.ok() && !a.peak_gflops.empty()) s = parse_positive("--peak-gflops", a.peak_gflops, &peak_gflops);
+  if (s.ok() && ops.size() == 1 && testing::find_harness(ops[0]) != nullptr &&
+      testing::find_harness(ops[0])->prepare_bench == nullptr) {
+    std::string benchable;
+    for (const testing::OpHarness& oh : testing::op_harnesses()) {
+      if (oh.prepare_bench != nullptr) benchable += (benchable.empty() ? "" : ", ") + std::string(op_name(oh.op));
+    }
+    s = InvalidArgument("--op: ", op_name(ops[0]), " has no benchmark (benchable: ", benchable, ")");
+  }
+  if (!s.ok()) return report_error("bench", s);
+  if (problems.tokens.empty()) problems.tokens = {1, 8, 64, 512};
+  if (explicit_backend) {
+    const Status av = registry().backend_available(backends.front());
+    if (!av.ok()) {
+      std::fprintf(stderr, "moekit bench: --backend %s requested but unavailable: %s\n",
+                   backend_name(backends.front()), av.message().c_str());
+      return kExitFailure;
+    }
+  }
+
+  // Measure the host before any kernel runs (and only when a host row will need it).
+  bool host_rows = false;
+  for (OpKind op : ops) {
+    for (Backend b : backends) {
+      host_rows |= b != Backend::cuda && !kernels_of(op, b).empty() && registry().backend_available(b).ok();
+    }
+  }
+  std::FILE* notes = a.json ? stderr : stdout;
+  bool cuda_rows = false;
+  for (OpKind op : ops) {
+    cuda_rows |= !kernels_of(op, Backend::cuda).empty() && registry().backend_available(Backend::cuda).ok();
+  }
+  HostPeaks host;
+  if (host_rows) {
+    host = measure_host(peak_gbps == 0, peak_gflops == 0);
+    if (peak_gbps > 0) host.dram_gbps = {peak_gbps, "--peak-gbps, not measured"};
+    if (peak_gflops > 0) host.bf16_gflops = host.fp32_gflops = {peak_gflops, "--peak-gflops, not measured"};
+    std::fprintf(notes, "%s\n", describe(host).c_str());
+  }
+  if (cuda_rows) {
+    const Floors d = device_floors(testing::Scheme::bf16), d8 = device_floors(testing::Scheme::fp8_block);
+    std::fprintf(notes, "cuda: %g GB/s (%s), %g / %g GFLOP/s bf16 / fp8%s\n", peak_gbps > 0 ? peak_gbps : d.gbps.value,
+                 peak_gbps > 0 ? "--peak-gbps" : d.gbps.how.c_str(), peak_gflops > 0 ? peak_gflops : d.gflops.value,
+                 peak_gflops > 0 ? peak_gflops : d8.gflops.value,
+                 peak_gflops > 0 ? " (--peak-gflops)" : " (nominal H200)");
+  }
+  if (!a.json) {
+    std::printf("\n");
+    std::printf(kRowFormat, "op", "kernel", "backend", "case", "scheme", "tokens", "time_us", "TFLOP/s", "GB/s",
+                "mem_floor_us", "comp_floor_us", "frac_floor", "bound", "cache");
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  int ran = 0, errors = 0;
+  for (OpKind op : ops) {
+    const testing::OpHarness* h = testing::find_harness(op);
+    if (h == nullptr || h->prepare_bench == nullptr) continue;
+    for (Backend b : backends) {
+      const std::vector<const Kernel*> kernels = kernels_of(op, b);
+      if (kernels.empty()) continue;
+      const Status av = registry().backend_available(b);
+      if (!av.ok()) {
+        std::fprintf(notes, "# %s: backend %s skipped: %s\n", op_name(op), backend_name(b), av.message().c_str());
+        continue;
+      }
+      for (const testing::ShapeRequest& req : problems.requests) {
+        for (int64_t T : problems.tokens) {
+          testing::MoeShape ms;
+          (void)testing::resolve_shape(req, T, &ms);  // validated in parse_problem_set
+          for (const Kernel* k : kernels) {
+            Row r;
+            r.op = op_name(op);
+            r.kernel = k->name;
+            r.backend = backend_name(b);
+            r.label = ms.label;
+            r.scheme = testing::scheme_name(ms.scheme);
+            r.tokens = T;
+            r.floors = b == Backend::cuda ? device_floors(ms.scheme) : host_floors(host, ms.scheme);
+            if (peak_gbps > 0) r.floors.gbps = {peak_gbps, "--peak-gbps"};
+            if (peak_gflops > 0) r.floors.gflops = {peak_gflops, "--peak-gflops"};
+            testing::BenchRequest br;
+            br.shape = req;
+            time_one(*h, br, *k, plan, &r);
+            ran += r.status == "ok";
+            errors += r.status == "error";
+            if (a.json) {
+              rows.push_back(to_json(r));
+            } else {
+              print_row(r);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (a.json) std::printf("%s\n", rows.dump(2).c_str());
+  if (ran == 0) {
+    std::fprintf(stderr, "moekit bench: nothing was benchmarked (no kernel of the selected op/backend accepted "
+                         "a problem; see the skipped rows)\n");
+    return kExitFailure;
+  }
+  return errors > 0 ? kExitFailure : kExitOk;
+}
+
+}  // namespace moekit::cli

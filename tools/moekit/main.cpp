@@ -1,2 +1,100 @@
-// STUB
-int main() { return 0; }
+// `moekit`: the command-line front end (DESIGN.md "front ends"; docs/cli.md is its contract).
+//
+//   moekit ops    [--json]                      kernels, ops and backends in the registry
+//   moekit check  [--op ..] [--backend ..] ...  every kernel against the reference / the oracle
+//   moekit bench  --op .. [--backend ..] ...    timings against the machine's memory/compute floors
+//
+// This file declares the flags (CLI11) and maps parse errors to exit code 2. Flag values are kept
+// as strings and parsed in args.cpp so every bad value is reported the same way. Contract tests:
+// tests/cli_tests.cmake.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+
+#ifndef MOEKIT_VERSION
+#define MOEKIT_VERSION "unknown"
+#endif
+
+namespace {
+
+using moekit::cli::ShapeFlags;
+
+void add_shape_flags(CLI::App* sub, ShapeFlags* f) {
+  sub->add_option("--model", f->model,
+      "Model preset: mixtral, deepseek-v3, llama4, qwen3-moe, all (default: all)")
+      ->type_name("NAME");
+  sub->add_option("--experts", f->experts, "Experts E (custom shape, or override of --model)")->type_name("E");
+  sub->add_option("--topk", f->topk, "Experts per token k (1 <= k <= E)")->type_name("K");
+  sub->add_option("--hidden", f->hidden, "Hidden size H")->type_name("H");
+  sub->add_option("--inter", f->inter, "Intermediate size I per expert")->type_name("I");
+  sub->add_option("--tokens", f->tokens, "Token counts, comma separated: T[,T2,...]")->type_name("T[,T2,...]");
+  sub->add_option("--scheme", f->scheme,
+      "bf16, f16, f32, fp8_tensor, fp8_channel, fp8_block (default: the preset's)")
+      ->type_name("SCHEME");
+  sub->add_option("--activation", f->activation, "silu, gelu, gelu_tanh (default: silu)")->type_name("ACT");
+  sub->add_option("--seed", f->seed, "Random seed (default: 1)")->type_name("S");
+  sub->add_flag("--full", f->full, "Presets at their real dimensions instead of the scaled-down default");
+  sub->add_flag("--weight-on-input", f->weight_on_input, "Router weight on the expert input (needs k = 1)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace moekit::cli;
+  CLI::App app{"moekit " MOEKIT_VERSION ": fused Mixture-of-Experts operators (reference, AVX-512 CPU, CUDA)",
+               "moekit"};
+  app.set_version_flag("--version", "moekit " MOEKIT_VERSION);
+  app.require_subcommand(1);
+
+  OpsArgs ops;
+  CLI::App* ops_cmd = app.add_subcommand("ops", "List ops, registered kernels and backend availability");
+  ops_cmd->add_flag("--json", ops.json, "Machine-readable output");
+
+  CheckArgs check;
+  CLI::App* check_cmd = app.add_subcommand(
+      "check", "Check every kernel against the reference (and the reference against an independent oracle)");
+  check_cmd->add_option("--op", check.op, "Op name or all (default: all)")->type_name("NAME");
+  check_cmd->add_option("--backend", check.backend, "ref, cpu, cuda or all (default: all)")->type_name("NAME");
+  add_shape_flags(check_cmd, &check.shape);
+  check_cmd->add_flag("--no-edge-cases", check.no_edge_cases, "Skip the named edge cases");
+  check_cmd->add_flag("--json", check.json, "Print a JSON array of cases instead of the table");
+
+  BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Time kernels and compare with the memory / compute floors");
+  bench_cmd->add_option("--op", bench.op, "Op name or all")->required()->type_name("NAME");
+  bench_cmd->add_option("--backend", bench.backend, "ref, cpu, cuda or all (default: all)")->type_name("NAME");
+  add_shape_flags(bench_cmd, &bench.shape);
+  bench_cmd->add_option("--iters", bench.iters,
+      "Timed samples (default: >= 30 and >= 0.2 s, see docs/cli.md)")
+      ->type_name("N");
+  bench_cmd->add_option("--warmup", bench.warmup, "Untimed warm-up runs (default: 3)")->type_name("N");
+  bench_cmd->add_option("--peak-gbps", bench.peak_gbps,
+      "Memory bandwidth for the floor, GB/s (default: measured)")
+      ->type_name("X");
+  bench_cmd->add_option("--peak-gflops", bench.peak_gflops,
+      "Arithmetic rate for the floor, GFLOP/s (default: measured)")
+      ->type_name("Y");
+  bench_cmd->add_flag("--json", bench.json, "Print a JSON array of rows instead of the table");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // NOTE: every CLI11 parse error (unknown flag, missing value, missing subcommand) is a usage
+    // error: exit 2, one line on stderr, whatever exit code CLI11 itself would pick.
+    std::fprintf(stderr, "moekit: %s (see moekit --help)\n", e.what());
+    return kExitUsage;
+  }
+
+  try {
+    if (ops_cmd->parsed()) return run_ops(ops);
+    if (check_cmd->parsed()) return run_check(check);
+    if (bench_cmd->parsed()) return run_bench(bench);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moekit: internal error: %s\n", e.what());
+    return kExitFailure;
+  }
+  return kExitUsage;
+}
