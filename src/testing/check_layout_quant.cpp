@@ -290,14 +290,14 @@ std::vector<QuantCase> quant_cases(const CheckRequest& req, Status* setup) {
     std::vector<int64_t> tokens = req.tokens.empty() ? std::vector<int64_t>{1, 7, 64} : req.tokens;
     for (int64_t T : tokens) {
       const std::string x = shape.label + " x T=" + std::to_string(T);
-      cases.push_back({x + " per_token_group 1x128", bf, {T, shape.H}, G::per_token_group});
-      cases.push_back({x + " per_row (per-token)", bf, {T, shape.H}, G::per_row});
+      cases.push_back({x + " " + str({T, shape.H}) + " per_token_group 1x128", bf, {T, shape.H}, G::per_token_group});
+      cases.push_back({x + " " + str({T, shape.H}) + " per_row (per-token)", bf, {T, shape.H}, G::per_row});
     }
     const int64_t I2 = shape.g1u1 ? 2 * shape.I : shape.I;
-    const std::string w = shape.label + " ";
-    cases.push_back({w + "w1 [1, 2I, H] block 128x128", bf, {1, I2, shape.H}, G::block});
-    cases.push_back({w + "w2 [1, H, I] per_row (per-channel)", bf, {1, shape.H, shape.I}, G::per_row});
-    cases.push_back({w + "w2 [1, H, I] per_tensor", bf, {1, shape.H, shape.I}, G::per_tensor});
+    const Dims w1 = {1, I2, shape.H}, w2 = {1, shape.H, shape.I};
+    cases.push_back({shape.label + " w1 " + str(w1) + " block 128x128", bf, w1, G::block});
+    cases.push_back({shape.label + " w2 " + str(w2) + " per_row (per-channel)", bf, w2, G::per_row});
+    cases.push_back({shape.label + " w2 " + str(w2) + " per_tensor", bf, w2, G::per_tensor});
   }
   return cases;
 }
@@ -395,8 +395,8 @@ std::vector<CaseResult> check_convert_fp8(const CheckRequest& req) {
   if (setup.ok()) {
     const int64_t I2 = shape.g1u1 ? 2 * shape.I : shape.I;
     const Dims w = {1, I2, shape.H}, sd = {1, ceil_div(I2, 128), ceil_div(shape.H, 128)};
-    cases.push_back({shape.label + " w1 [1, 2I, H] fn->fnuz block scales", fn, w, sd, false});
-    cases.push_back({shape.label + " w1 [1, 2I, H] fnuz->fn block scales", fnuz, w, sd, false});
+    cases.push_back({shape.label + " w1 " + str(w) + " fn->fnuz, block scales", fn, w, sd, false});
+    cases.push_back({shape.label + " w1 " + str(w) + " fnuz->fn, block scales", fnuz, w, sd, false});
   }
   Rng rng(req.shape.seed);
   for (const ConvertCase& c : cases) {

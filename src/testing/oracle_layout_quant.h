@@ -3,7 +3,8 @@
 // kernel it checks:
 //   - shuffle: materialises the 5-D view [N/16, 16, K/32, 32/V, V] of each matrix and walks a
 //     generic permutation of it (no closed-form index);
-//   - fp8 rounding: nearest code by VALUE among the decoded codes of the format (ties to the even
+//   - fp8 rounding: nearest code by VALUE among the codes of the format, whose values come from the
+//     format definition in float64 (a binary search over the sorted magnitudes, ties to the even
 //     code), no exponent / mantissa bit manipulation;
 //   - quantize: element-centric group ids and float64 amax;
 //   - convert: decoded value x2 / x0.5 re-encoded by value.

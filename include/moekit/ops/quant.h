@@ -21,8 +21,8 @@
 // Non-finite inputs (a choice, tested in tests/test_quantize_fp8.cpp): amax is taken over the
 // FINITE elements of the group only, so one bad value does not poison its neighbours' scale. Then
 // +-inf saturates to the largest code (+-fp8_max) and NaN encodes as the format's NaN code
-// (e4m3fn: 0x7F, or 0xFF for a negative NaN; e4m3fnuz: 0x80). A group with no finite non-zero
-// element (all zeros, all NaN, ...) gets scale kFp8AmaxFloor / fp8_max.
+// (e4m3fn: 0x7F, or 0xFF for a negative NaN; e4m3fnuz: 0x80). A group whose finite amax is below
+// kFp8AmaxFloor (all zeros, all NaN, tiny values) gets scale kFp8AmaxFloor / fp8_max.
 // An input with no elements returns at once: out and scale are not written.
 //
 // convert_fp8: see ConvertFp8Params below.
