@@ -8,8 +8,8 @@
 // difference is a failure. Expected rejections (shapes the contract forbids) are cases too: they
 // pass when the kernel refuses with invalid_argument. Token counts (req.tokens, default {1, 7, 64})
 // only apply to quantize_fp8's activation cases; weight cases use min(E, 2) experts (layouts and
-// scales are per expert) or one expert for the larger quantize / convert shapes. Used by `moekit check --op <op>` and by
-// tests/test_{shuffle_weight,quantize_fp8,convert_fp8}.cpp.
+// scales are per expert) or one expert for the larger quantize / convert shapes.
+// Used by `moekit check --op <op>` and by tests/test_{shuffle_weight,quantize_fp8,convert_fp8}.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
