@@ -221,16 +221,6 @@ CaseResult run_case(OpKind op, const RoutingCase& c, const Kernel& kernel) {
 }
 
 // ---------------------------------------------------------------- case builders
-// A [rows, E] gating buffer from explicit values (every row the same length).
-Buffer logits(const std::vector<std::vector<float>>& rows, DType dtype = DType::f32) {
-  const int64_t T = int64_t(rows.size()), E = rows.empty() ? 1 : int64_t(rows[0].size());
-  Buffer b(dtype, {T, E});
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) b.set(t * E + e, rows[size_t(t)][size_t(e)]);
-  }
-  return b;
-}
-
 RoutingCase random_case(OpKind op, std::string name, Rng& rng, int64_t T, int64_t E, int k, DType dtype,
                         float grid = 1.0f / 256, int64_t row_stride = 0) {
   RoutingCase c;
@@ -289,12 +279,12 @@ std::vector<RoutingCase> softmax_edge_cases(uint64_t seed) {
   for (size_t i = 0; i < v.size(); ++i) v[i].renormalize = i % 2 == 0;  // both settings appear
   RoutingCase nf;
   nf.name = "edge:NaN/+-inf logits, all-NaN and all--inf rows";
-  nf.gating = logits(nonfinite_rows());
+  nf.gating = logits_from_rows(nonfinite_rows());
   nf.k = 3;
   nf.renormalize = true;
   v.push_back(nf);
   nf.name = "edge:NaN/+-inf logits, bf16, no renormalize";
-  nf.gating = logits(nonfinite_rows(), DType::bf16);
+  nf.gating = logits_from_rows(nonfinite_rows(), DType::bf16);
   nf.renormalize = false;
   v.push_back(nf);
   for (RoutingCase& c : v) c.with_tei = true;
@@ -326,7 +316,7 @@ std::vector<RoutingCase> grouped_edge_cases(uint64_t seed) {
   // Kept experts all have negative biased scores: a masked group scored 0 instead of -inf would win.
   RoutingCase neg;
   neg.name = "edge:masked group is -inf, not 0 (negative biased scores)";
-  neg.gating = logits({{0.1f, 0.2f, 0.3f, 0.4f, 9.0f, 9.0f, 9.0f, 9.0f}});
+  neg.gating = logits_from_rows({{0.1f, 0.2f, 0.3f, 0.4f, 9.0f, 9.0f, 9.0f, 9.0f}});
   neg.bias = Buffer(DType::f32, {8});
   for (int e = 0; e < 8; ++e) neg.bias.set(e, e < 4 ? -2.0f : -4.0f);
   neg.has_bias = true;
@@ -339,7 +329,7 @@ std::vector<RoutingCase> grouped_edge_cases(uint64_t seed) {
   // win that tie.
   RoutingCase zero;
   zero.name = "edge:masked group is -inf, not 0 (zero scores in the kept group)";
-  zero.gating = logits({{-kInf, -kInf, -kInf, -kInf, 5.0f, -kInf, -kInf, -kInf}});
+  zero.gating = logits_from_rows({{-kInf, -kInf, -kInf, -kInf, 5.0f, -kInf, -kInf, -kInf}});
   zero.k = 3;
   zero.n_group = 2;
   zero.topk_group = 1;
@@ -348,7 +338,7 @@ std::vector<RoutingCase> grouped_edge_cases(uint64_t seed) {
   for (Scoring sc : {sm, sg}) {
     RoutingCase nf;
     nf.name = std::string("edge:NaN/+-inf logits, ") + scoring_name(sc) + " with bias";
-    nf.gating = logits(nonfinite_rows(), sc == sm ? DType::f32 : DType::bf16);
+    nf.gating = logits_from_rows(nonfinite_rows(), sc == sm ? DType::f32 : DType::bf16);
     nf.bias = random_bias(rng, 8);
     nf.has_bias = true;
     nf.k = 3;
@@ -383,7 +373,7 @@ std::vector<RoutingCase> sigmoid_edge_cases(uint64_t seed) {
   v.push_back(std::move(one));
   RoutingCase nf;
   nf.name = "edge:NaN/+-inf logits, all-NaN and all--inf rows";
-  nf.gating = logits(nonfinite_rows());
+  nf.gating = logits_from_rows(nonfinite_rows());
   nf.k = 3;
   v.push_back(nf);
   return v;

@@ -207,4 +207,13 @@ Buffer random_bias(Rng& rng, int64_t E) {
   return bias;
 }
 
+Buffer logits_from_rows(const std::vector<std::vector<float>>& rows, DType dtype) {
+  const int64_t T = int64_t(rows.size()), E = rows.empty() ? 1 : int64_t(rows[0].size());
+  Buffer b(dtype, {T, E});
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) b.set(t * E + e, rows[size_t(t)][size_t(e)]);
+  }
+  return b;
+}
+
 }  // namespace moekit::testing

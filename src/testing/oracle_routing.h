@@ -59,4 +59,8 @@ Buffer random_logits(Rng& rng, int64_t T, int64_t E, DType dtype, float stddev, 
 // learned bias is of this order).
 Buffer random_bias(Rng& rng, int64_t E);
 
+// A [rows, E] gating buffer holding exactly these values (rounded to `dtype`); all rows the same
+// length.
+Buffer logits_from_rows(const std::vector<std::vector<float>>& rows, DType dtype = DType::f32);
+
 }  // namespace moekit::testing
