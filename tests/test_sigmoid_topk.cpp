@@ -108,6 +108,16 @@ TEST(SigmoidTopk, WeightsAreSigmoidOfRawLogitsWithoutRenormalization) {
   EXPECT_GT(w[0] + w[1] + w[2], 2.0f);
 }
 
+// Selection is on the raw logit: sigmoid(20) and sigmoid(30) are both 1.0f, but 30 still wins.
+TEST(SigmoidTopk, SelectionIsOnRawLogitsNotOnSaturatedSigmoids) {
+  Buffer g = logits_from_rows({{20, 30, -20, -30}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(c.row_w(0)[0], 1.0f);
+  EXPECT_EQ(c.row_w(0)[1], 1.0f);
+}
+
 TEST(SigmoidTopk, KEqualsEReturnsEveryExpertInDescendingOrder) {
   Buffer g = logits_from_rows({{0.25f, -1, 3, 2, 0.5f, 1}});
   Call c(g, 6);
