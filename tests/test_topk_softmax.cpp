@@ -381,6 +381,20 @@ TEST(TopkSoftmax, InvalidArgumentsNameTheArgument) {
   }
 }
 
+// Never dereferenced: validation fails before any access.
+TEST(TopkSoftmax, TokenExpertIndicesMustFitInt32) {
+  float dummy = 0;
+  const int64_t T = int64_t(1) << 29;
+  TopkSoftmaxParams p;
+  p.gating = TensorView::contiguous(&dummy, DType::bf16, {T, 16});
+  p.k = 8;
+  p.topk_weights = TensorView::contiguous(&dummy, DType::f32, {T, 8});
+  p.topk_ids = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  EXPECT_TRUE(validate_topk_softmax(p).ok());  // without indices nothing overflows
+  p.token_expert_indices = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  expect_error(validate_topk_softmax(p), "token_expert_indices: T*k = 536870912*8 = 4294967296 exceeds");
+}
+
 TEST(TopkSoftmax, InvalidCallLeavesOutputsUntouched) {
   Buffer g = certified_logits(11, 6, 8, 2, DType::f32);
   Buffer bad_tei(DType::i32, {6, 3});  // checked last: everything before it is valid

@@ -36,7 +36,7 @@ struct TopkSoftmaxParams {
   bool renormalize = false;         // w /= sum(w) over the k picks (skipped when the sum is 0)
   TensorView topk_weights;          // [T, k] f32 out: p of each pick, descending
   TensorView topk_ids;              // [T, k] i32 out: expert ids in [0, Eg), distinct per row
-  TensorView token_expert_indices;  // [T, k] i32 out, optional: [t, j] = j*T + t
+  TensorView token_expert_indices;  // [T, k] i32 out, optional: [t, j] = j*T + t (T*k <= 2^31)
 };
 Status topk_softmax(const TopkSoftmaxParams& p, const RunOptions& opts = {});
 Status validate_topk_softmax(const TopkSoftmaxParams& p);
