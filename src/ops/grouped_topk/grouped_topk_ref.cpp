@@ -66,7 +66,7 @@ Status run(const GroupedTopkParams& p, const RunContext&) {
       for (int64_t i = 0; i < group_size; ++i) eligible[size_t(g * group_size + i)] = true;
     }
     // Experts of dropped groups are -inf AND ineligible: they rank below every kept expert, even
-    // one whose own b is -inf (possible only with an infinite bias).
+    // one whose own b is -inf (only a -inf or NaN bias gives a kept expert that b).
     for (int64_t e = 0; e < Eg; ++e) {
       if (!eligible[size_t(e)]) b[size_t(e)] = kNegInf;
     }
