@@ -1,2 +1,576 @@
-// test_grouped_topk STUB
+// Tests of grouped_topk (SPEC 1.2, include/moekit/ops/routing.h): named edge cases first (bias for
+// selection only, group ties, -inf masking, rsf once, non-finite logits, argument errors), then
+// random cases against the float64 oracle (src/testing/oracle_routing.h), then the `moekit check`
+// cases on the model presets. Run: ./build/tests/moekit_tests --gtest_filter='GroupedTopk*'
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/ops/routing.h"
+#include "testing/harness.h"
+#include "testing/oracle_routing.h"
+
+namespace moekit {
+namespace {
+
+using testing::Buffer;
+using testing::logits_from_rows;
+using testing::Rng;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+Buffer bias_of(const std::vector<float>& v) {
+  Buffer b(DType::f32, {int64_t(v.size())});
+  for (size_t i = 0; i < v.size(); ++i) b.set(int64_t(i), v[i]);
+  return b;
+}
+
+// Outputs poisoned with 0xAB, and the params pointing at them.
+struct Call {
+  Buffer w, ids;
+  GroupedTopkParams p;
+  Call(const Buffer& gating, int k, int n_group, int topk_group, Scoring scoring, const Buffer* bias = nullptr,
+       bool renormalize = false, float rsf = 1.0f)
+      : w(DType::f32, {gating.view.shape[0], k}), ids(DType::i32, {gating.view.shape[0], k}) {
+    w.fill_bytes(0xAB);
+    ids.fill_bytes(0xAB);
+    p.gating = gating.view;
+    if (bias) p.correction_bias = bias->view;
+    p.k = k;
+    p.n_group = n_group;
+    p.topk_group = topk_group;
+    p.scoring = scoring;
+    p.renormalize = renormalize;
+    p.routed_scaling_factor = rsf;
+    p.topk_weights = w.view;
+    p.topk_ids = ids.view;
+  }
+  Status run() { return grouped_topk(p); }
+  std::vector<int> row_ids(int64_t t) const {
+    std::vector<int> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
+    return v;
+  }
+  std::vector<float> row_w(int64_t t) const {
+    std::vector<float> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
+    return v;
+  }
+};
+
+void expect_matches_oracle(Call& c, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(c.run().ok());
+  const testing::RoutingExpect e = testing::oracle_grouped_topk(c.p);
+  const std::vector<int64_t> dims = {e.T, e.k};
+  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
+  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
+  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
+                                                     testing::kWeightRtol, dims);
+  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
+  EXPECT_TRUE(mw.finite);
+}
+
+// Random logits for a given configuration, rows redrawn until the oracle certifies them.
+Buffer certified_logits(uint64_t seed, int64_t T, int64_t E, const GroupedTopkParams& cfg, DType dt,
+                        float grid = 1.0f / 256, int64_t stride = 0) {
+  Rng rng(seed);
+  return testing::random_logits(rng, T, E, dt, 2.0f, grid, stride, [cfg](const TensorView& g) {
+    GroupedTopkParams p = cfg;
+    p.gating = g;
+    return testing::oracle_grouped_topk(p).min_rel_gap;
+  });
+}
+
+GroupedTopkParams config(int k, int n_group, int topk_group, Scoring scoring, const Buffer* bias = nullptr) {
+  GroupedTopkParams p;
+  p.k = k;
+  p.n_group = n_group;
+  p.topk_group = topk_group;
+  p.scoring = scoring;
+  if (bias) p.correction_bias = bias->view;
+  return p;
+}
+
+void expect_error(const Status& s, const std::string& needle) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// ------------------------------------------------------------------ edge cases
+TEST(GroupedTopk, T0ReturnsOkAndWritesNothing) {
+  Buffer g(DType::bf16, {0, 256});
+  Rng rng(1);
+  Buffer bias = testing::random_bias(rng, 256);
+  Call c(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
+  ASSERT_TRUE(c.run().ok());
+  for (const Buffer* b : {&c.w, &c.ids}) {
+    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
+  }
+}
+
+// s = 0.5 everywhere; b = 0.5 + bias = [.625 .5 | .875 .25 | .75 .75 | .5 .5]; top-2 group sums
+// [1.125, 1.125, 1.5, 1.0] keep group 2 and group 0 (tied with group 1: lower id); picks by b
+// among {0, 1, 4, 5}: 4, 5 (tie: lower id), 0. Weights are the UNBIASED s = 0.5.
+TEST(GroupedTopk, HandComputedSigmoidWithBias) {
+  Buffer g = logits_from_rows({{0, 0, 0, 0, 0, 0, 0, 0}});
+  Buffer bias = bias_of({0.125f, 0, 0.375f, -0.25f, 0.25f, 0.25f, 0, 0});
+  Call c(g, 3, 4, 2, Scoring::sigmoid, &bias);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{4, 5, 0}));
+  EXPECT_EQ(c.row_w(0), (std::vector<float>{0.5f, 0.5f, 0.5f}));  // bias is for selection only
+  Call r(g, 3, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
+  ASSERT_TRUE(r.run().ok());
+  EXPECT_EQ(r.row_ids(0), (std::vector<int>{4, 5, 0}));
+  for (float w : r.row_w(0)) EXPECT_FLOAT_EQ(w, 2.5f / 3);  // renormalized, then rsf once
+}
+
+// Without a bias the group score is the group MAX, not a top-2 sum: [3, 0 | 2, 2.5] with 2 groups
+// keeps group 0 (max 3 > 2.5) although group 1 has the larger sum.
+TEST(GroupedTopk, GroupScoreIsMaxWithoutBiasAndTop2SumWithBias) {
+  Buffer g = logits_from_rows({{3, 0, 2, 2.5f}});
+  Call nob(g, 1, 2, 1, Scoring::sigmoid);
+  ASSERT_TRUE(nob.run().ok());
+  EXPECT_EQ(nob.row_ids(0), std::vector<int>{0});
+  Buffer zero = bias_of({0, 0, 0, 0});
+  Call withb(g, 1, 2, 1, Scoring::sigmoid, &zero);
+  ASSERT_TRUE(withb.run().ok());
+  EXPECT_EQ(withb.row_ids(0), std::vector<int>{3});  // sum 0.88 + 0.92 > 0.95 + 0.5
+  EXPECT_FLOAT_EQ(withb.row_w(0)[0], sigmoid(2.5f));
+}
+
+// Softmax scoring is over the WHOLE row (all groups), not per group.
+TEST(GroupedTopk, SoftmaxScoringIsOverTheWholeRow) {
+  Buffer g = logits_from_rows({{1, 0, 0, 3}});
+  Call c(g, 1, 2, 1, Scoring::softmax);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), std::vector<int>{3});
+  const double e1 = std::exp(1.0), e3 = std::exp(3.0);
+  EXPECT_NEAR(c.row_w(0)[0], e3 / (e1 + 2 + e3), 1e-6);
+}
+
+TEST(GroupedTopk, RoutedScalingFactorIsAppliedExactlyOnce) {
+  Rng rng(2);
+  Buffer bias = testing::random_bias(rng, 64);
+  const GroupedTopkParams cfg = config(6, 8, 3, Scoring::sigmoid, &bias);
+  Buffer g = certified_logits(3, 9, 64, cfg, DType::bf16);
+  for (bool renorm : {false, true}) {
+    Call one(g, 6, 8, 3, Scoring::sigmoid, &bias, renorm, 1.0f);
+    Call scaled(g, 6, 8, 3, Scoring::sigmoid, &bias, renorm, 2.5f);
+    ASSERT_TRUE(one.run().ok());
+    ASSERT_TRUE(scaled.run().ok());
+    EXPECT_EQ(one.ids.bytes, scaled.ids.bytes);
+    for (int64_t i = 0; i < 9 * 6; ++i) EXPECT_EQ(scaled.w.data<float>()[i], one.w.data<float>()[i] * 2.5f);
+    if (renorm) {
+      for (int64_t t = 0; t < 9; ++t) {
+        float sum = 0;
+        for (float w : scaled.row_w(t)) sum += w;
+        EXPECT_NEAR(sum, 2.5f, 1e-5f);
+      }
+    }
+  }
+}
+
+// A group of one expert with a bias: the group score is that expert's b (no second member).
+TEST(GroupedTopk, GroupOfOneExpertWithBias) {
+  Buffer g = logits_from_rows({{0.5f, -1, 2, 0, 1, -0.5f}});
+  Buffer bias = bias_of({0, 0.25f, -0.5f, 0.5f, 0, 0});
+  Call c(g, 2, 6, 3, Scoring::sigmoid, &bias);
+  ASSERT_TRUE(c.run().ok());
+  // b = sigmoid(x) + bias: [.62, .52, .38, 1.0, .73, .38]; kept groups = ids 3, 4, 0.
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{3, 4}));
+  EXPECT_FLOAT_EQ(c.row_w(0)[0], 0.5f);
+  expect_matches_oracle(c, "group size 1");
+}
+
+TEST(GroupedTopk, MaskedGroupsAreMinusInfNotZero) {
+  // Biased: every kept expert has b < 0; dropped experts scored 0 would win.
+  Buffer g = logits_from_rows({{0.1f, 0.2f, 0.3f, 0.4f, 9, 9, 9, 9}});
+  Buffer bias = bias_of({-2, -2, -2, -2, -4, -4, -4, -4});
+  Call c(g, 2, 2, 1, Scoring::sigmoid, &bias);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{3, 2}));
+  EXPECT_FLOAT_EQ(c.row_w(0)[0], sigmoid(0.4f));
+  // Unbiased: the kept group's -inf logits score exactly 0; dropped experts 0..3 (lower ids) scored
+  // 0 would win those ties.
+  Buffer z = logits_from_rows({{-kInf, -kInf, -kInf, -kInf, 5, -kInf, -kInf, -kInf}});
+  Call cz(z, 3, 2, 1, Scoring::softmax);
+  ASSERT_TRUE(cz.run().ok());
+  EXPECT_EQ(cz.row_ids(0), (std::vector<int>{4, 5, 6}));
+  EXPECT_EQ(cz.row_w(0), (std::vector<float>{1, 0, 0}));
+}
+
+TEST(GroupedTopk, TiedGroupsAndExpertsGoToTheLowerId) {
+  Buffer g = logits_from_rows({{1, 1, 1, 1, 1, 1, 1, 1}, {0, 2, 2, 0, 0, 2, 2, 0}});
+  Call c(g, 3, 4, 2, Scoring::softmax);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{0, 1, 2}));  // groups 0, 1 kept
+  EXPECT_EQ(c.row_ids(1), (std::vector<int>{1, 2, 0}));  // groups 0 (max 2) and 1 (max 2) kept
+  Rng rng(4);
+  Buffer bias(DType::f32, {32});
+  for (int64_t e = 0; e < 32; ++e) bias.set(e, float(rng.integer(0, 2)) * 0.25f);  // tied biases too
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    const GroupedTopkParams cfg = config(5, 8, 3, Scoring::sigmoid, &bias);
+    Buffer q = certified_logits(5, 24, 32, cfg, dt, 0.5f);
+    Call cq(q, 5, 8, 3, Scoring::sigmoid, &bias, true, 2.5f);
+    expect_matches_oracle(cq, std::string("ties ") + dtype_name(dt));
+  }
+}
+
+TEST(GroupedTopk, KEqualsTopkGroupTimesGroupSizeTakesTheKeptGroupsWhole) {
+  const GroupedTopkParams cfg = config(16, 4, 2, Scoring::softmax);
+  Buffer g = certified_logits(6, 10, 32, cfg, DType::f32);
+  Call c(g, 16, 4, 2, Scoring::softmax, nullptr, true);
+  expect_matches_oracle(c, "k = 16");
+  for (int64_t t = 0; t < 10; ++t) {
+    std::vector<int> groups;
+    for (int id : c.row_ids(t)) groups.push_back(id / 8);
+    std::sort(groups.begin(), groups.end());
+    EXPECT_EQ(std::count(groups.begin(), groups.end(), groups.front()), 8);
+    EXPECT_EQ(std::count(groups.begin(), groups.end(), groups.back()), 8);
+  }
+}
+
+TEST(GroupedTopk, OneGroupOrAllGroupsKeptIsPlainTopkOfB) {
+  Rng rng(7);
+  Buffer bias = testing::random_bias(rng, 24);
+  Buffer g = certified_logits(8, 12, 24, config(5, 1, 1, Scoring::sigmoid, &bias), DType::f32);
+  Call one(g, 5, 1, 1, Scoring::sigmoid, &bias), all(g, 5, 6, 6, Scoring::sigmoid, &bias);
+  ASSERT_TRUE(one.run().ok());
+  ASSERT_TRUE(all.run().ok());
+  EXPECT_EQ(one.ids.bytes, all.ids.bytes);
+  EXPECT_EQ(one.w.bytes, all.w.bytes);
+  expect_matches_oracle(one, "n_group 1");
+}
+
+TEST(GroupedTopk, ExpertsNotAPowerOfTwo) {
+  struct Cfg {
+    int64_t E;
+    int k, n_group, topk_group;
+  };
+  for (const Cfg& s : {Cfg{6, 3, 3, 2}, Cfg{60, 6, 4, 3}, Cfg{60, 4, 5, 2}, Cfg{257, 8, 1, 1}, Cfg{257, 4, 257, 8}}) {
+    Rng rng(uint64_t(s.E));
+    Buffer bias = testing::random_bias(rng, s.E);
+    for (bool with_bias : {false, true}) {
+      const Buffer* b = with_bias ? &bias : nullptr;
+      const GroupedTopkParams cfg = config(s.k, s.n_group, s.topk_group, Scoring::sigmoid, b);
+      Buffer g = certified_logits(uint64_t(s.E) + 1, 7, s.E, cfg, DType::bf16);
+      Call c(g, s.k, s.n_group, s.topk_group, Scoring::sigmoid, b, true, 2.5f);
+      expect_matches_oracle(c, "E=" + std::to_string(s.E) + " n_group=" + std::to_string(s.n_group) +
+                                   (with_bias ? " bias" : ""));
+    }
+  }
+}
+
+TEST(GroupedTopk, MoreExpertsThanTokensAndAllTokensPreferOneExpert) {
+  Rng rng(9);
+  Buffer bias = testing::random_bias(rng, 256);
+  const GroupedTopkParams cfg = config(8, 8, 4, Scoring::sigmoid, &bias);
+  Buffer g = certified_logits(10, 3, 256, cfg, DType::bf16);
+  Call c(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
+  expect_matches_oracle(c, "T=3 E=256");
+  // Two hot experts of group 2 give it the largest possible group score (b <= 1 + 0.5 each).
+  for (int64_t t = 0; t < 3; ++t) {
+    g.set(t * 256 + 77, 40.0f);
+    g.set(t * 256 + 78, 40.0f);
+  }
+  bias.set(77, 0.5f);
+  bias.set(78, 0.5f);
+  Call hot(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
+  ASSERT_TRUE(hot.run().ok());
+  for (int64_t t = 0; t < 3; ++t) {
+    EXPECT_EQ(hot.row_ids(t)[0], 77);  // tied with 78: lower id first
+    EXPECT_EQ(hot.row_ids(t)[1], 78);
+  }
+}
+
+// NaN = -inf: sigmoid and softmax scores are 0; with a bias the selection score is the bias alone.
+TEST(GroupedTopk, NanLogitsScoreZero) {
+  Buffer g = logits_from_rows({{kNaN, 0, kNaN, kNaN}});
+  Call sg(g, 2, 1, 1, Scoring::sigmoid);
+  ASSERT_TRUE(sg.run().ok());
+  EXPECT_EQ(sg.row_ids(0), (std::vector<int>{1, 0}));
+  EXPECT_EQ(sg.row_w(0), (std::vector<float>{0.5f, 0.0f}));
+  Buffer bias = bias_of({1, 0, 0, 0});
+  Call biased(g, 2, 1, 1, Scoring::sigmoid, &bias);
+  ASSERT_TRUE(biased.run().ok());
+  EXPECT_EQ(biased.row_ids(0), (std::vector<int>{0, 1}));  // b = [1, .5, 0, 0]
+  EXPECT_EQ(biased.row_w(0), (std::vector<float>{0.0f, 0.5f}));
+  Call sm(g, 2, 2, 1, Scoring::softmax, nullptr, true);
+  ASSERT_TRUE(sm.run().ok());
+  EXPECT_EQ(sm.row_ids(0), (std::vector<int>{1, 0}));
+  EXPECT_EQ(sm.row_w(0), (std::vector<float>{1.0f, 0.0f}));
+}
+
+TEST(GroupedTopk, AllNanRowGivesWeightZeroNeverNan) {
+  Buffer g = logits_from_rows({{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN}, {-kInf, -kInf, -kInf, -kInf, -kInf, -kInf}});
+  for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
+    Call c(g, 3, 3, 2, sc, nullptr, true, 2.5f);
+    ASSERT_TRUE(c.run().ok());
+    for (int64_t t = 0; t < 2; ++t) {
+      EXPECT_EQ(c.row_ids(t), (std::vector<int>{0, 1, 2}));
+      for (float w : c.row_w(t)) EXPECT_EQ(w, 0.0f);
+    }
+  }
+}
+
+TEST(GroupedTopk, PlusInfLogits) {
+  Buffer g = logits_from_rows({{1, kInf, 2, kInf}});
+  Call sg(g, 2, 2, 2, Scoring::sigmoid);
+  ASSERT_TRUE(sg.run().ok());
+  EXPECT_EQ(sg.row_ids(0), (std::vector<int>{1, 3}));
+  EXPECT_EQ(sg.row_w(0), (std::vector<float>{1.0f, 1.0f}));
+  Call sm(g, 2, 2, 2, Scoring::softmax);
+  ASSERT_TRUE(sm.run().ok());
+  EXPECT_EQ(sm.row_ids(0), (std::vector<int>{1, 3}));
+  EXPECT_EQ(sm.row_w(0), (std::vector<float>{0.5f, 0.5f}));
+}
+
+TEST(GroupedTopk, NonFiniteLogitsAndBiasKeepIdsDistinctAndInKeptGroups) {
+  Rng rng(11);
+  Buffer g(DType::f32, {60, 12});
+  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
+  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Buffer bias = bias_of({kNaN, 0.5f, -kInf, kInf, 0, 0, kNaN, kNaN, kNaN, -kInf, -kInf, 0.25f});
+  for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
+    for (const Buffer* b : {static_cast<const Buffer*>(nullptr), static_cast<const Buffer*>(&bias)}) {
+      Call c(g, 4, 4, 2, sc, b, true, 2.5f);
+      expect_matches_oracle(c, std::string(scoring_name(sc)) + (b ? " nonfinite bias" : ""));
+      for (int64_t t = 0; t < 60; ++t) {
+        std::vector<int> ids = c.row_ids(t);
+        std::vector<int> groups;
+        for (int id : ids) groups.push_back(id / 3);
+        std::sort(groups.begin(), groups.end());
+        groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+        EXPECT_LE(groups.size(), 2u);
+        std::sort(ids.begin(), ids.end());
+        EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+        EXPECT_GE(ids.front(), 0);
+        EXPECT_LT(ids.back(), 12);
+        for (float w : c.row_w(t)) EXPECT_TRUE(std::isfinite(w));
+      }
+    }
+  }
+}
+
+TEST(GroupedTopk, RowStridedGatingAndDtypes) {
+  Rng rng(12);
+  Buffer bias = testing::random_bias(rng, 40);
+  const GroupedTopkParams cfg = config(4, 4, 2, Scoring::sigmoid, &bias);
+  Buffer strided = certified_logits(13, 9, 40, cfg, DType::f32, 1.0f / 16, 57);
+  Buffer dense(DType::f32, {9, 40}), dbf(DType::bf16, {9, 40}), df16(DType::f16, {9, 40});
+  for (int64_t t = 0; t < 9; ++t) {
+    for (int64_t e = 0; e < 40; ++e) {
+      const float v = strided.get(t * 57 + e);
+      dense.set(t * 40 + e, v);
+      dbf.set(t * 40 + e, v);
+      df16.set(t * 40 + e, v);
+      ASSERT_EQ(dbf.get(t * 40 + e), v);
+    }
+  }
+  Call a(strided, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
+  ASSERT_TRUE(a.run().ok());
+  for (const Buffer* other : {&dense, &dbf, &df16}) {
+    Call b(*other, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
+    ASSERT_TRUE(b.run().ok());
+    EXPECT_EQ(a.ids.bytes, b.ids.bytes) << dtype_name(other->view.dtype);
+    EXPECT_EQ(a.w.bytes, b.w.bytes) << dtype_name(other->view.dtype);
+  }
+  expect_matches_oracle(a, "row-strided");
+}
+
+TEST(GroupedTopk, InvalidArgumentsNameTheArgument) {
+  Buffer g(DType::f32, {4, 16});
+  Buffer bias(DType::f32, {16});
+  auto fresh = [&] { return Call(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f); };
+  {
+    Call c = fresh();
+    c.p.gating = TensorView();
+    expect_error(c.run(), "gating: required");
+  }
+  {
+    Buffer gi(DType::fp8_e4m3fn, {4, 16});
+    Call c = fresh();
+    c.p.gating = gi.view;
+    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got fp8_e4m3fn");
+  }
+  {
+    Buffer g1(DType::f32, {64});
+    Call c = fresh();
+    c.p.gating = g1.view;
+    expect_error(c.run(), "gating: shape must be [*, *], got [64]");
+  }
+  {
+    Call c = fresh();
+    c.p.n_group = 0;
+    expect_error(c.run(), "n_group: must be >= 1, got 0");
+  }
+  {
+    Call c = fresh();
+    c.p.n_group = 3;
+    expect_error(c.run(), "n_group: Eg=16 is not divisible by n_group=3");
+  }
+  for (int tg : {0, 5}) {
+    Call c = fresh();
+    c.p.topk_group = tg;
+    expect_error(c.run(), "topk_group: must be in [1, n_group=4], got " + std::to_string(tg));
+  }
+  for (int k : {0, 9}) {
+    Call c = fresh();
+    c.p.k = k;
+    expect_error(c.run(), "k: must be in [1, topk_group*(Eg/n_group)=2*4=8], got " + std::to_string(k));
+  }
+  {
+    Call c = fresh();
+    c.p.scoring = static_cast<Scoring>(7);
+    expect_error(c.run(), "scoring: must be softmax or sigmoid, got 7");
+  }
+  for (float rsf : {0.0f, -1.0f, kNaN, kInf}) {
+    Call c = fresh();
+    c.p.routed_scaling_factor = rsf;
+    expect_error(c.run(), "routed_scaling_factor: must be finite and > 0, got");
+  }
+  {
+    Buffer bb(DType::bf16, {16});
+    Call c = fresh();
+    c.p.correction_bias = bb.view;
+    expect_error(c.run(), "correction_bias: dtype must be f32, got bf16");
+  }
+  {
+    Buffer b17(DType::f32, {17});
+    Call c = fresh();
+    c.p.correction_bias = b17.view;
+    expect_error(c.run(), "correction_bias: shape must be [16], got [17]");
+  }
+  {
+    Buffer b2(DType::f32, {1, 16});
+    Call c = fresh();
+    c.p.correction_bias = b2.view;
+    expect_error(c.run(), "correction_bias: shape must be [16], got [1, 16]");
+  }
+  {
+    Buffer wide(DType::f32, {32});
+    Call c = fresh();
+    c.p.correction_bias = wide.view;
+    c.p.correction_bias.shape[0] = 16;
+    c.p.correction_bias.stride[0] = 2;
+    expect_error(c.run(), "correction_bias: must be contiguous");
+  }
+  {
+    Call c = fresh();
+    c.p.correction_bias.device = Device::cuda;
+    expect_error(c.run(), "correction_bias: is on cuda:0 but gating is on cpu:0");
+  }
+  {
+    Buffer w3(DType::f32, {4, 3});
+    Call c = fresh();
+    c.p.topk_weights = w3.view;
+    expect_error(c.run(), "topk_weights: shape must be [4, 4], got [4, 3]");
+  }
+  {
+    Call c = fresh();
+    c.p.topk_ids = TensorView();
+    expect_error(c.run(), "topk_ids: required");
+  }
+  {
+    Buffer idf(DType::f32, {4, 4});
+    Call c = fresh();
+    c.p.topk_ids = idf.view;
+    expect_error(c.run(), "topk_ids: dtype must be i32, got f32");
+  }
+}
+
+TEST(GroupedTopk, InvalidCallLeavesOutputsUntouched) {
+  Rng rng(14);
+  Buffer bias = testing::random_bias(rng, 16);
+  Buffer g = certified_logits(15, 6, 16, config(4, 4, 2, Scoring::sigmoid, &bias), DType::f32);
+  Call c(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
+  Buffer bad_ids(DType::i32, {6, 5});  // checked last: everything before it is valid
+  bad_ids.fill_bytes(0xAB);
+  c.p.topk_ids = bad_ids.view;
+  EXPECT_FALSE(c.run().ok());
+  for (const Buffer* b : {&c.w, &c.ids, &bad_ids}) {
+    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
+  }
+}
+
+TEST(GroupedTopk, RefKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("grouped_topk_ref");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->op, OpKind::grouped_topk);
+  EXPECT_EQ(k->backend, Backend::ref);
+  EXPECT_EQ(k->priority, 0);
+  Buffer g(DType::f32, {2, 8});
+  Buffer bias(DType::f32, {8});
+  Call c(g, 2, 2, 1, Scoring::sigmoid, &bias);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  c.p.correction_bias.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("correction_bias"), std::string::npos) << s.message();
+}
+
+// ------------------------------------------------------------------ random cases
+TEST(GroupedTopk, RandomMatchesOracle) {
+  struct Shape {
+    int64_t T, E;
+    int k, n_group, topk_group;
+  };
+  const Shape shapes[] = {{1, 256, 8, 8, 4}, {29, 256, 8, 8, 4}, {16, 128, 8, 8, 4}, {9, 64, 6, 4, 2},
+                          {12, 8, 2, 8, 4},  {20, 96, 5, 3, 2}};
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    for (const Shape& s : shapes) {
+      for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
+        for (bool with_bias : {false, true}) {
+          const DType dt = (seed + uint64_t(with_bias)) % 2 ? DType::bf16 : DType::f32;
+          Rng rng(seed * 7919 + uint64_t(s.E));
+          Buffer bias = testing::random_bias(rng, s.E);
+          const Buffer* b = with_bias ? &bias : nullptr;
+          const GroupedTopkParams cfg = config(s.k, s.n_group, s.topk_group, sc, b);
+          Buffer g = certified_logits(seed * 31 + uint64_t(s.T), s.T, s.E, cfg, dt);
+          const bool renorm = (seed + uint64_t(s.k)) % 2 == 0;
+          Call c(g, s.k, s.n_group, s.topk_group, sc, b, renorm, seed == 2 ? 1.0f : 2.5f);
+          expect_matches_oracle(c, "seed " + std::to_string(seed) + " T=" + std::to_string(s.T) + " E=" +
+                                       std::to_string(s.E) + " " + scoring_name(sc) + (with_bias ? "+bias " : " ") +
+                                       dtype_name(dt));
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the `moekit check` cases
+TEST(GroupedTopk, CheckHarnessPassesOnPresets) {
+  for (const char* model : {"deepseek-v3", "mixtral", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = std::string(model) == "deepseek-v3";
+    const std::vector<testing::CaseResult> results = testing::check_grouped_topk(req);
+    EXPECT_GE(results.size(), 12u) << model;
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
+    }
+  }
+}
+
+TEST(GroupedTopk, BenchProblemRuns) {
+  testing::BenchRequest req;
+  req.shape.model = "deepseek-v3";
+  std::unique_ptr<testing::BenchProblem> b;
+  ASSERT_TRUE(testing::bench_grouped_topk(req, 16, *registry().find("grouped_topk_ref"), &b).ok());
+  EXPECT_TRUE(b->run().ok());
+  EXPECT_GT(b->bytes, 0);
+  EXPECT_NE(b->shape.find("groups 4/8"), std::string::npos) << b->shape;
+}
+
+}  // namespace
+}  // namespace moekit

@@ -1,2 +1,354 @@
-// test_sigmoid_topk STUB
+// Tests of sigmoid_topk (SPEC 1.3, include/moekit/ops/routing.h): named edge cases first, then
+// random cases against the float64 oracle (src/testing/oracle_routing.h), then the `moekit check`
+// cases on the model presets. Run: ./build/tests/moekit_tests --gtest_filter='SigmoidTopk*'
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/ops/routing.h"
+#include "testing/harness.h"
+#include "testing/oracle_routing.h"
+
+namespace moekit {
+namespace {
+
+using testing::Buffer;
+using testing::logits_from_rows;
+using testing::Rng;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Outputs poisoned with 0xAB, and the params pointing at them.
+struct Call {
+  Buffer w, ids;
+  SigmoidTopkParams p;
+  Call(const Buffer& gating, int k) : w(DType::f32, {gating.view.shape[0], k}), ids(DType::i32, {gating.view.shape[0], k}) {
+    w.fill_bytes(0xAB);
+    ids.fill_bytes(0xAB);
+    p.gating = gating.view;
+    p.k = k;
+    p.topk_weights = w.view;
+    p.topk_ids = ids.view;
+  }
+  Status run() { return sigmoid_topk(p); }
+  std::vector<int> row_ids(int64_t t) const {
+    std::vector<int> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
+    return v;
+  }
+  std::vector<float> row_w(int64_t t) const {
+    std::vector<float> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
+    return v;
+  }
+};
+
+void expect_matches_oracle(Call& c, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(c.run().ok());
+  const testing::RoutingExpect e = testing::oracle_sigmoid_topk(c.p);
+  const std::vector<int64_t> dims = {e.T, e.k};
+  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
+  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
+  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
+                                                     testing::kWeightRtol, dims);
+  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
+  EXPECT_TRUE(mw.finite);
+}
+
+// Raw logits compare exactly in every implementation: no certification needed.
+Buffer random_logits(uint64_t seed, int64_t T, int64_t E, DType dt, float grid = 1.0f / 256, int64_t stride = 0) {
+  Rng rng(seed);
+  return testing::random_logits(rng, T, E, dt, 2.0f, grid, stride);
+}
+
+void expect_error(const Status& s, const std::string& needle) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// ------------------------------------------------------------------ edge cases
+TEST(SigmoidTopk, T0ReturnsOkAndWritesNothing) {
+  Buffer g(DType::bf16, {0, 128});
+  Call c(g, 1);
+  ASSERT_TRUE(c.run().ok());
+  for (const Buffer* b : {&c.w, &c.ids}) {
+    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
+  }
+}
+
+TEST(SigmoidTopk, T1Llama4TopOneIsArgmaxWithSigmoidWeight) {
+  Buffer g = random_logits(1, 1, 128, DType::bf16);
+  g.set(93, 4.5f);
+  Call c(g, 1);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), std::vector<int>{93});
+  EXPECT_NEAR(c.row_w(0)[0], sigmoid(4.5), 1e-7);
+}
+
+// Weights are sigmoid of each pick on its own: not a softmax, never renormalized.
+TEST(SigmoidTopk, WeightsAreSigmoidOfRawLogitsWithoutRenormalization) {
+  Buffer g = logits_from_rows({{-1, 2, 0.5f, 3, -4}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{3, 1, 2}));
+  const std::vector<float> w = c.row_w(0);
+  EXPECT_NEAR(w[0], sigmoid(3), 1e-7);
+  EXPECT_NEAR(w[1], sigmoid(2), 1e-7);
+  EXPECT_NEAR(w[2], sigmoid(0.5), 1e-7);
+  EXPECT_GT(w[0] + w[1] + w[2], 2.0f);
+}
+
+// Selection is on the raw logit: sigmoid(20) and sigmoid(30) are both 1.0f, but 30 still wins.
+TEST(SigmoidTopk, SelectionIsOnRawLogitsNotOnSaturatedSigmoids) {
+  Buffer g = logits_from_rows({{20, 30, -20, -30}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(c.row_w(0)[0], 1.0f);
+  EXPECT_EQ(c.row_w(0)[1], 1.0f);
+}
+
+TEST(SigmoidTopk, KEqualsEReturnsEveryExpertInDescendingOrder) {
+  Buffer g = logits_from_rows({{0.25f, -1, 3, 2, 0.5f, 1}});
+  Call c(g, 6);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{2, 3, 5, 4, 0, 1}));
+  expect_matches_oracle(c, "k = E");
+}
+
+TEST(SigmoidTopk, ExpertsNotAPowerOfTwoAndMoreExpertsThanTokens) {
+  for (int64_t E : {6, 60, 257}) {
+    Buffer g = random_logits(uint64_t(E), 3, E, DType::bf16);
+    Call c(g, 2);
+    expect_matches_oracle(c, "E=" + std::to_string(E));
+  }
+}
+
+TEST(SigmoidTopk, AllTokensPreferOneExpert) {
+  Buffer g = random_logits(2, 16, 12, DType::f32);
+  for (int64_t t = 0; t < 16; ++t) g.set(t * 12 + 11, 30.0f);
+  Call c(g, 2);
+  ASSERT_TRUE(c.run().ok());
+  for (int64_t t = 0; t < 16; ++t) {
+    EXPECT_EQ(c.row_ids(t)[0], 11);
+    EXPECT_EQ(c.row_w(t)[0], 1.0f);  // sigmoid(30) rounds to 1 in f32
+  }
+  expect_matches_oracle(c, "one expert");
+}
+
+TEST(SigmoidTopk, TiedLogitsGoToTheLowerId) {
+  Buffer g = logits_from_rows({{0, 0, 0, 0, 0}, {1, 3, 3, 1, 3}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.row_ids(1), (std::vector<int>{1, 2, 4}));
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    Buffer q = random_logits(3, 20, 32, dt, 0.5f);
+    Call cq(q, 4);
+    expect_matches_oracle(cq, std::string("ties ") + dtype_name(dt));
+  }
+}
+
+TEST(SigmoidTopk, NanCountsAsMinusInfAndInfinitiesGiveZeroAndOne) {
+  Buffer g = logits_from_rows({{kNaN, -kInf, 3, kInf}, {kNaN, kNaN, kNaN, kNaN}, {-kInf, -kInf, -kInf, -kInf}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{3, 2, 0}));  // NaN (id 0) ties -inf (id 1): lower id
+  EXPECT_EQ(c.row_w(0)[0], 1.0f);
+  EXPECT_NEAR(c.row_w(0)[1], sigmoid(3), 1e-7);
+  EXPECT_EQ(c.row_w(0)[2], 0.0f);
+  for (int64_t t = 1; t < 3; ++t) {
+    EXPECT_EQ(c.row_ids(t), (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(c.row_w(t), (std::vector<float>{0, 0, 0}));
+  }
+}
+
+TEST(SigmoidTopk, LargeNegativeLogitsGiveTinyFiniteWeights) {
+  Buffer g = logits_from_rows({{-100, -90, -200, -1e30f}});
+  Call c(g, 4);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{1, 0, 2, 3}));
+  for (float w : c.row_w(0)) {
+    EXPECT_TRUE(std::isfinite(w));
+    EXPECT_GE(w, 0.0f);
+    EXPECT_LT(w, 1e-38f);
+  }
+  EXPECT_GT(c.row_w(0)[0], 0.0f);  // sigmoid(-90) ~ 8e-40: a subnormal, not flushed through overflow
+}
+
+TEST(SigmoidTopk, NonFiniteRowsMatchOracleAndIdsStayDistinct) {
+  Rng rng(4);
+  Buffer g(DType::bf16, {40, 10});
+  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
+  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Call c(g, 4);
+  expect_matches_oracle(c, "random non-finite");
+  for (int64_t t = 0; t < 40; ++t) {
+    std::vector<int> ids = c.row_ids(t);
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+    EXPECT_GE(ids.front(), 0);
+    EXPECT_LT(ids.back(), 10);
+  }
+}
+
+TEST(SigmoidTopk, RowStridedGatingAndDtypesAgree) {
+  Buffer strided = random_logits(5, 11, 20, DType::f32, 1.0f / 16, 27);
+  Buffer dense(DType::f32, {11, 20}), dbf(DType::bf16, {11, 20}), df16(DType::f16, {11, 20});
+  for (int64_t t = 0; t < 11; ++t) {
+    for (int64_t e = 0; e < 20; ++e) {
+      const float v = strided.get(t * 27 + e);
+      dense.set(t * 20 + e, v);
+      dbf.set(t * 20 + e, v);
+      df16.set(t * 20 + e, v);
+      ASSERT_EQ(dbf.get(t * 20 + e), v);
+    }
+  }
+  Call a(strided, 3);
+  ASSERT_TRUE(a.run().ok());
+  for (const Buffer* other : {&dense, &dbf, &df16}) {
+    Call b(*other, 3);
+    ASSERT_TRUE(b.run().ok());
+    EXPECT_EQ(a.ids.bytes, b.ids.bytes) << dtype_name(other->view.dtype);
+    EXPECT_EQ(a.w.bytes, b.w.bytes) << dtype_name(other->view.dtype);
+  }
+  expect_matches_oracle(a, "row-strided");
+}
+
+TEST(SigmoidTopk, InvalidArgumentsNameTheArgument) {
+  Buffer g(DType::f32, {4, 8});
+  auto fresh = [&] { return Call(g, 2); };
+  {
+    Call c = fresh();
+    c.p.gating = TensorView();
+    expect_error(c.run(), "gating: required");
+  }
+  {
+    Buffer gi(DType::i32, {4, 8});
+    Call c = fresh();
+    c.p.gating = gi.view;
+    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got i32");
+  }
+  {
+    Call c = fresh();
+    c.p.gating.stride[0] = 4;  // rows overlap
+    expect_error(c.run(), "gating: must be 2-D with a contiguous last dim and row stride >= 8");
+  }
+  for (int k : {0, 9}) {
+    Call c = fresh();
+    c.p.k = k;
+    expect_error(c.run(), "k: must be in [1, Eg=8], got " + std::to_string(k));
+  }
+  {
+    Buffer w3(DType::f32, {4, 3});
+    Call c = fresh();
+    c.p.topk_weights = w3.view;
+    expect_error(c.run(), "topk_weights: shape must be [4, 2], got [4, 3]");
+  }
+  {
+    Buffer wh(DType::f16, {4, 2});
+    Call c = fresh();
+    c.p.topk_weights = wh.view;
+    expect_error(c.run(), "topk_weights: dtype must be f32, got f16");
+  }
+  {
+    Call c = fresh();
+    c.p.topk_ids = TensorView();
+    expect_error(c.run(), "topk_ids: required");
+  }
+  {
+    Buffer id5(DType::i32, {5, 2});
+    Call c = fresh();
+    c.p.topk_ids = id5.view;
+    expect_error(c.run(), "topk_ids: shape must be [4, 2], got [5, 2]");
+  }
+  {
+    Call c = fresh();
+    c.p.topk_weights.device = Device::cuda;
+    c.p.topk_weights.device_index = 1;
+    expect_error(c.run(), "topk_weights: is on cuda:1 but gating is on cpu:0");
+  }
+}
+
+TEST(SigmoidTopk, InvalidCallLeavesOutputsUntouched) {
+  Buffer g = random_logits(6, 6, 8, DType::f32);
+  Call c(g, 2);
+  Buffer bad_ids(DType::i32, {6, 3});  // checked last: everything before it is valid
+  bad_ids.fill_bytes(0xAB);
+  c.p.topk_ids = bad_ids.view;
+  EXPECT_FALSE(c.run().ok());
+  for (const Buffer* b : {&c.w, &c.ids, &bad_ids}) {
+    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
+  }
+}
+
+TEST(SigmoidTopk, RefKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("sigmoid_topk_ref");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->op, OpKind::sigmoid_topk);
+  EXPECT_EQ(k->backend, Backend::ref);
+  EXPECT_EQ(k->priority, 0);
+  Buffer g(DType::f32, {2, 8});
+  Call c(g, 1);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  c.p.topk_ids.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("topk_ids"), std::string::npos) << s.message();
+}
+
+// ------------------------------------------------------------------ random cases
+TEST(SigmoidTopk, RandomMatchesOracle) {
+  struct Shape {
+    int64_t T, E;
+    int k;
+  };
+  const Shape shapes[] = {{1, 128, 1}, {37, 128, 1}, {16, 16, 4}, {9, 257, 8}, {20, 60, 3}};
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (const Shape& s : shapes) {
+      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+        Buffer g = random_logits(seed * 1000 + uint64_t(s.E), s.T, s.E, dt);
+        Call c(g, s.k);
+        expect_matches_oracle(c, "seed " + std::to_string(seed) + " T=" + std::to_string(s.T) + " E=" +
+                                     std::to_string(s.E) + " k=" + std::to_string(s.k) + " " + dtype_name(dt));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the `moekit check` cases
+TEST(SigmoidTopk, CheckHarnessPassesOnPresets) {
+  for (const char* model : {"llama4", "mixtral", "deepseek-v3", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = std::string(model) == "llama4";
+    const std::vector<testing::CaseResult> results = testing::check_sigmoid_topk(req);
+    EXPECT_GE(results.size(), 6u) << model;
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
+    }
+  }
+}
+
+TEST(SigmoidTopk, BenchProblemRuns) {
+  testing::BenchRequest req;
+  req.shape.model = "llama4";
+  std::unique_ptr<testing::BenchProblem> b;
+  ASSERT_TRUE(testing::bench_sigmoid_topk(req, 16, *registry().find("sigmoid_topk_ref"), &b).ok());
+  EXPECT_TRUE(b->run().ok());
+  EXPECT_GT(b->bytes, 0);
+  EXPECT_NE(b->shape.find("k=1"), std::string::npos) << b->shape;
+}
+
+}  // namespace
+}  // namespace moekit

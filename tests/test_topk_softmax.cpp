@@ -1,2 +1,472 @@
-// test_topk_softmax STUB
+// Tests of topk_softmax (SPEC 1.1, include/moekit/ops/routing.h): named edge cases first, then
+// random cases against the float64 oracle (src/testing/oracle_routing.h), then the `moekit check`
+// cases on the model presets. Run: ./build/tests/moekit_tests --gtest_filter='TopkSoftmax*'
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/ops/routing.h"
+#include "testing/harness.h"
+#include "testing/oracle_routing.h"
+
+namespace moekit {
+namespace {
+
+using testing::Buffer;
+using testing::logits_from_rows;
+using testing::Rng;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Outputs poisoned with 0xAB, and the params pointing at them.
+struct Call {
+  Buffer w, ids, tei;
+  TopkSoftmaxParams p;
+  Call(const Buffer& gating, int k, bool renormalize = false, bool with_tei = true)
+      : w(DType::f32, {gating.view.shape[0], k}),
+        ids(DType::i32, {gating.view.shape[0], k}),
+        tei(DType::i32, {gating.view.shape[0], k}) {
+    for (Buffer* b : {&w, &ids, &tei}) b->fill_bytes(0xAB);
+    p.gating = gating.view;
+    p.k = k;
+    p.renormalize = renormalize;
+    p.topk_weights = w.view;
+    p.topk_ids = ids.view;
+    if (with_tei) p.token_expert_indices = tei.view;
+  }
+  Status run() { return topk_softmax(p); }
+  std::vector<int> row_ids(int64_t t) const {
+    std::vector<int> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
+    return v;
+  }
+  std::vector<float> row_w(int64_t t) const {
+    std::vector<float> v;
+    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
+    return v;
+  }
+};
+
+// Runs `c` and compares everything with the oracle (ids and tei exactly).
+void expect_matches_oracle(Call& c, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(c.run().ok());
+  const testing::RoutingExpect e = testing::oracle_topk_softmax(c.p);
+  const std::vector<int64_t> dims = {e.T, e.k};
+  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
+  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
+  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
+                                                     testing::kWeightRtol, dims);
+  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
+  EXPECT_TRUE(mw.finite);
+  if (c.p.token_expert_indices.present()) {
+    const testing::Metrics mt =
+        testing::compare_exact(testing::to_ints(c.tei.view), e.token_expert_indices, dims);
+    EXPECT_EQ(mt.mismatches, 0) << mt.worst;
+  }
+}
+
+Buffer certified_logits(uint64_t seed, int64_t T, int64_t E, int k, DType dt, float grid = 1.0f / 256,
+                        int64_t stride = 0) {
+  Rng rng(seed);
+  return testing::random_logits(rng, T, E, dt, 2.0f, grid, stride, [k](const TensorView& g) {
+    TopkSoftmaxParams p;
+    p.gating = g;
+    p.k = k;
+    return testing::oracle_topk_softmax(p).min_rel_gap;
+  });
+}
+
+void expect_error(const Status& s, const std::string& needle) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
+}
+
+// ------------------------------------------------------------------ edge cases
+TEST(TopkSoftmax, T0ReturnsOkAndWritesNothing) {
+  Buffer g(DType::bf16, {0, 8});
+  Call c(g, 2, true);
+  ASSERT_TRUE(c.run().ok());
+  for (const Buffer* b : {&c.w, &c.ids, &c.tei}) {
+    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
+  }
+}
+
+TEST(TopkSoftmax, T1MatchesClosedForm) {
+  Buffer g = logits_from_rows({{0, 1, 2, 3, 4, 5, 6, 7}});
+  Call c(g, 2);
+  ASSERT_TRUE(c.run().ok());
+  double sum = 0;
+  for (int e = 0; e < 8; ++e) sum += std::exp(double(e));
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{7, 6}));
+  EXPECT_NEAR(c.row_w(0)[0], std::exp(7.0) / sum, 1e-6);
+  EXPECT_NEAR(c.row_w(0)[1], std::exp(6.0) / sum, 1e-6);
+  EXPECT_EQ(c.tei.data<int32_t>()[0], 0);
+  EXPECT_EQ(c.tei.data<int32_t>()[1], 1);  // j*T + t with T = 1
+}
+
+TEST(TopkSoftmax, K1PicksTheArgmax) {
+  Buffer g = logits_from_rows({{0.5f, -1, 3, 2.9f}, {9, 0, 0, 0}, {-5, -4, -3, -6}});
+  Call c(g, 1, true);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), std::vector<int>{2});
+  EXPECT_EQ(c.row_ids(1), std::vector<int>{0});
+  EXPECT_EQ(c.row_ids(2), std::vector<int>{2});
+  for (int t = 0; t < 3; ++t) EXPECT_FLOAT_EQ(c.row_w(t)[0], 1.0f);  // renormalized single pick
+}
+
+TEST(TopkSoftmax, KEqualsEReturnsEveryExpertInDescendingOrder) {
+  Buffer g = logits_from_rows({{0.25f, -1, 3, 2, 0.5f, 1}});
+  Call c(g, 6);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{2, 3, 5, 4, 0, 1}));
+  float sum = 0;
+  for (float w : c.row_w(0)) sum += w;
+  EXPECT_NEAR(sum, 1.0f, 1e-6f);  // no renormalize needed: the whole mass
+}
+
+TEST(TopkSoftmax, ExpertsNotAPowerOfTwo) {
+  for (int64_t E : {6, 60, 257}) {
+    Buffer g = certified_logits(uint64_t(E), 9, E, 3, DType::bf16);
+    Call c(g, 3, true);
+    expect_matches_oracle(c, "E=" + std::to_string(E));
+  }
+}
+
+TEST(TopkSoftmax, MoreExpertsThanTokens) {
+  Buffer g = certified_logits(3, 2, 128, 8, DType::f32);
+  Call c(g, 8, true);
+  expect_matches_oracle(c, "T=2 E=128");
+}
+
+TEST(TopkSoftmax, AllTokensPreferOneExpert) {
+  Buffer g = certified_logits(4, 16, 12, 2, DType::f32);
+  for (int64_t t = 0; t < 16; ++t) g.set(t * 12 + 7, 30.0f);
+  Call c(g, 2);
+  ASSERT_TRUE(c.run().ok());
+  for (int64_t t = 0; t < 16; ++t) {
+    EXPECT_EQ(c.row_ids(t)[0], 7);
+    EXPECT_NEAR(c.row_w(t)[0], 1.0f, 1e-6f);
+  }
+  expect_matches_oracle(c, "one expert");
+}
+
+TEST(TopkSoftmax, TiedLogitsGoToTheLowerId) {
+  Buffer g = logits_from_rows({{0, 0, 0, 0, 0, 0}, {1, 3, 3, 1, 3, 0}, {-2, 5, -2, -2, 5, -2}});
+  Call c(g, 3);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{0, 1, 2}));
+  for (float w : c.row_w(0)) EXPECT_FLOAT_EQ(w, 1.0f / 6);
+  EXPECT_EQ(c.row_ids(1), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(c.row_ids(2), (std::vector<int>{1, 4, 0}));
+  // Coarse logits: ties everywhere, in every dtype.
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    Buffer q = certified_logits(5, 20, 32, 6, dt, 0.5f);
+    Call cq(q, 6, true);
+    expect_matches_oracle(cq, std::string("ties ") + dtype_name(dt));
+  }
+}
+
+TEST(TopkSoftmax, NanCountsAsMinusInf) {
+  Buffer g = logits_from_rows({{kNaN, 1, kNaN, 0, -kInf}});
+  Call c(g, 3, true);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{1, 3, 0}));  // then NaN (= -inf) ties, lower id first
+  const float e = std::exp(1.0f);
+  EXPECT_NEAR(c.row_w(0)[0], e / (e + 1), 1e-6f);
+  EXPECT_NEAR(c.row_w(0)[1], 1 / (e + 1), 1e-6f);
+  EXPECT_EQ(c.row_w(0)[2], 0.0f);
+}
+
+TEST(TopkSoftmax, AllNanOrAllMinusInfRowGivesIdsZeroToKWithWeightZero) {
+  for (bool renorm : {false, true}) {
+    Buffer g = logits_from_rows({{kNaN, kNaN, kNaN, kNaN, kNaN}, {-kInf, -kInf, -kInf, -kInf, -kInf},
+                                 {kNaN, -kInf, kNaN, -kInf, kNaN}});
+    Call c(g, 3, renorm);
+    ASSERT_TRUE(c.run().ok());
+    for (int64_t t = 0; t < 3; ++t) {
+      EXPECT_EQ(c.row_ids(t), (std::vector<int>{0, 1, 2}));
+      for (float w : c.row_w(t)) EXPECT_EQ(w, 0.0f);  // exactly 0, never NaN
+    }
+  }
+}
+
+TEST(TopkSoftmax, PlusInfLogitsShareTheMass) {
+  Buffer g = logits_from_rows({{1, kInf, 2, kInf, kNaN}, {kInf, kNaN, kNaN, kNaN, kNaN}});
+  Call c(g, 3, true);
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(c.row_ids(0), (std::vector<int>{1, 3, 0}));
+  EXPECT_EQ(c.row_w(0), (std::vector<float>{0.5f, 0.5f, 0.0f}));
+  EXPECT_EQ(c.row_ids(1), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.row_w(1), (std::vector<float>{1.0f, 0.0f, 0.0f}));
+}
+
+TEST(TopkSoftmax, NonFiniteRowsMatchOracleAndIdsStayDistinct) {
+  Rng rng(6);
+  Buffer g(DType::f32, {40, 10});
+  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
+  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Call c(g, 4, true);
+  expect_matches_oracle(c, "random non-finite");
+  for (int64_t t = 0; t < 40; ++t) {
+    std::vector<int> ids = c.row_ids(t);
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
+    EXPECT_GE(ids.front(), 0);
+    EXPECT_LT(ids.back(), 10);
+    for (float w : c.row_w(t)) EXPECT_TRUE(std::isfinite(w));
+  }
+}
+
+TEST(TopkSoftmax, RowStridedGatingMatchesContiguous) {
+  Buffer strided = certified_logits(7, 11, 20, 4, DType::bf16, 1.0f / 256, 29);  // padding holds 100
+  Buffer dense(DType::bf16, {11, 20});
+  for (int64_t t = 0; t < 11; ++t) {
+    for (int64_t e = 0; e < 20; ++e) dense.set(t * 20 + e, strided.get(t * 29 + e));
+  }
+  Call a(strided, 4, true), b(dense, 4, true);
+  ASSERT_TRUE(a.run().ok());
+  ASSERT_TRUE(b.run().ok());
+  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  expect_matches_oracle(a, "row-strided");
+}
+
+TEST(TopkSoftmax, GatingDtypesAgreeOnExactlyRepresentableLogits) {
+  Buffer g32 = certified_logits(8, 13, 24, 5, DType::f32, 1.0f / 16);
+  Buffer gbf(DType::bf16, {13, 24}), gf16(DType::f16, {13, 24});
+  for (int64_t i = 0; i < g32.numel(); ++i) {
+    gbf.set(i, g32.get(i));
+    gf16.set(i, g32.get(i));
+    ASSERT_EQ(gbf.get(i), g32.get(i));  // |x| < 8 on a 1/16 grid: exact in bf16 and f16
+  }
+  Call a(g32, 5), b(gbf, 5), c(gf16, 5);
+  ASSERT_TRUE(a.run().ok());
+  ASSERT_TRUE(b.run().ok());
+  ASSERT_TRUE(c.run().ok());
+  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+  EXPECT_EQ(a.ids.bytes, c.ids.bytes);
+  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  EXPECT_EQ(a.w.bytes, c.w.bytes);
+}
+
+TEST(TopkSoftmax, RenormalizeOnAndOff) {
+  Buffer g = certified_logits(9, 17, 16, 4, DType::f32);
+  Call off(g, 4, false), on(g, 4, true);
+  ASSERT_TRUE(off.run().ok());
+  ASSERT_TRUE(on.run().ok());
+  EXPECT_EQ(off.ids.bytes, on.ids.bytes);
+  for (int64_t t = 0; t < 17; ++t) {
+    float sum_off = 0, sum_on = 0;
+    for (int j = 0; j < 4; ++j) {
+      sum_off += off.row_w(t)[size_t(j)];
+      sum_on += on.row_w(t)[size_t(j)];
+    }
+    EXPECT_LT(sum_off, 1.0f);
+    EXPECT_NEAR(sum_on, 1.0f, 1e-6f);
+    for (int j = 0; j < 4; ++j) EXPECT_NEAR(on.row_w(t)[size_t(j)], off.row_w(t)[size_t(j)] / sum_off, 1e-6f);
+  }
+  expect_matches_oracle(off, "renormalize off");
+  expect_matches_oracle(on, "renormalize on");
+}
+
+TEST(TopkSoftmax, TokenExpertIndicesPresentOrAbsent) {
+  Buffer g = certified_logits(10, 5, 8, 3, DType::f32);
+  Call with(g, 3, false, true), without(g, 3, false, false);
+  ASSERT_TRUE(with.run().ok());
+  ASSERT_TRUE(without.run().ok());
+  for (int64_t t = 0; t < 5; ++t) {
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(with.tei.data<int32_t>()[t * 3 + j], j * 5 + t);
+  }
+  for (unsigned char byte : without.tei.bytes) EXPECT_EQ(byte, 0xAB);  // not passed, not touched
+  EXPECT_EQ(with.ids.bytes, without.ids.bytes);
+  EXPECT_EQ(with.w.bytes, without.w.bytes);
+}
+
+TEST(TopkSoftmax, InvalidArgumentsNameTheArgument) {
+  Buffer g(DType::f32, {4, 8});
+  auto fresh = [&] { return Call(g, 2); };
+  {
+    Call c = fresh();
+    c.p.gating = TensorView();
+    expect_error(c.run(), "gating: required");
+  }
+  {
+    Buffer gi(DType::i32, {4, 8});
+    Call c = fresh();
+    c.p.gating = gi.view;
+    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got i32");
+  }
+  {
+    Buffer g3(DType::f32, {2, 2, 8});
+    Call c = fresh();
+    c.p.gating = g3.view;
+    expect_error(c.run(), "gating: shape must be [*, *], got [2, 2, 8]");
+  }
+  {
+    Call c = fresh();
+    c.p.gating.stride[1] = 2;
+    expect_error(c.run(), "gating: must be 2-D with a contiguous last dim");
+  }
+  {
+    Buffer g0(DType::f32, {4, 0});
+    Call c = fresh();
+    c.p.gating = g0.view;
+    expect_error(c.run(), "gating: number of experts (dim 1) must be >= 1, got 0");
+  }
+  for (int k : {0, 9, -1}) {
+    Call c = fresh();
+    c.p.k = k;
+    expect_error(c.run(), "k: must be in [1, Eg=8], got " + std::to_string(k));
+  }
+  {
+    Call c = fresh();
+    c.p.topk_weights = TensorView();
+    expect_error(c.run(), "topk_weights: required");
+  }
+  {
+    Buffer wb(DType::bf16, {4, 2});
+    Call c = fresh();
+    c.p.topk_weights = wb.view;
+    expect_error(c.run(), "topk_weights: dtype must be f32, got bf16");
+  }
+  {
+    Buffer w3(DType::f32, {4, 3});
+    Call c = fresh();
+    c.p.topk_weights = w3.view;
+    expect_error(c.run(), "topk_weights: shape must be [4, 2], got [4, 3]");
+  }
+  {
+    Buffer wide(DType::f32, {4, 4});
+    Call c = fresh();
+    c.p.topk_weights = wide.view;
+    c.p.topk_weights.shape[1] = 2;  // row stride 4: not contiguous
+    expect_error(c.run(), "topk_weights: must be contiguous");
+  }
+  {
+    Buffer idf(DType::f32, {4, 2});
+    Call c = fresh();
+    c.p.topk_ids = idf.view;
+    expect_error(c.run(), "topk_ids: dtype must be i32, got f32");
+  }
+  {
+    Buffer id5(DType::i32, {5, 2});
+    Call c = fresh();
+    c.p.topk_ids = id5.view;
+    expect_error(c.run(), "topk_ids: shape must be [4, 2], got [5, 2]");
+  }
+  {
+    Call c = fresh();
+    c.p.topk_ids.device = Device::cuda;
+    expect_error(c.run(), "topk_ids: is on cuda:0 but gating is on cpu:0");
+  }
+  {
+    Buffer t3(DType::i32, {4, 3});
+    Call c = fresh();
+    c.p.token_expert_indices = t3.view;
+    expect_error(c.run(), "token_expert_indices: shape must be [4, 2], got [4, 3]");
+  }
+  {
+    Buffer tf(DType::f32, {4, 2});
+    Call c = fresh();
+    c.p.token_expert_indices = tf.view;
+    expect_error(c.run(), "token_expert_indices: dtype must be i32, got f32");
+  }
+}
+
+// Never dereferenced: validation fails before any access.
+TEST(TopkSoftmax, TokenExpertIndicesMustFitInt32) {
+  float dummy = 0;
+  const int64_t T = int64_t(1) << 29;
+  TopkSoftmaxParams p;
+  p.gating = TensorView::contiguous(&dummy, DType::bf16, {T, 16});
+  p.k = 8;
+  p.topk_weights = TensorView::contiguous(&dummy, DType::f32, {T, 8});
+  p.topk_ids = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  EXPECT_TRUE(validate_topk_softmax(p).ok());  // without indices nothing overflows
+  p.token_expert_indices = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  expect_error(validate_topk_softmax(p), "token_expert_indices: T*k = 536870912*8 = 4294967296 exceeds");
+}
+
+TEST(TopkSoftmax, InvalidCallLeavesOutputsUntouched) {
+  Buffer g = certified_logits(11, 6, 8, 2, DType::f32);
+  Buffer bad_tei(DType::i32, {6, 3});  // checked last: everything before it is valid
+  Call c(g, 2, true);
+  c.p.token_expert_indices = bad_tei.view;
+  bad_tei.fill_bytes(0xAB);
+  const Buffer w0 = c.w, ids0 = c.ids;
+  EXPECT_FALSE(c.run().ok());
+  EXPECT_EQ(c.w.bytes, w0.bytes);
+  EXPECT_EQ(c.ids.bytes, ids0.bytes);
+  for (unsigned char byte : bad_tei.bytes) EXPECT_EQ(byte, 0xAB);
+}
+
+TEST(TopkSoftmax, RefKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("topk_softmax_ref");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->op, OpKind::topk_softmax);
+  EXPECT_EQ(k->backend, Backend::ref);
+  EXPECT_EQ(k->priority, 0);
+  Buffer g(DType::f32, {2, 8});
+  Call c(g, 2);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  c.p.gating.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("gating"), std::string::npos) << s.message();
+}
+
+// ------------------------------------------------------------------ random cases
+TEST(TopkSoftmax, RandomMatchesOracle) {
+  struct Shape {
+    int64_t T, E;
+    int k;
+  };
+  const Shape shapes[] = {{1, 8, 2}, {33, 8, 2}, {17, 128, 8}, {5, 256, 8}, {24, 60, 4}, {7, 257, 6}};
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (const Shape& s : shapes) {
+      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+        Buffer g = certified_logits(seed * 1000 + uint64_t(s.E), s.T, s.E, s.k, dt);
+        Call c(g, s.k, (seed + uint64_t(s.T)) % 2 == 0, seed % 2 == 1);
+        expect_matches_oracle(c, "seed " + std::to_string(seed) + " T=" + std::to_string(s.T) + " E=" +
+                                     std::to_string(s.E) + " k=" + std::to_string(s.k) + " " + dtype_name(dt));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the `moekit check` cases
+TEST(TopkSoftmax, CheckHarnessPassesOnPresets) {
+  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = std::string(model) == "mixtral";  // the edge cases do not depend on the preset
+    const std::vector<testing::CaseResult> results = testing::check_topk_softmax(req);
+    EXPECT_GE(results.size(), 6u) << model;
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
+      EXPECT_FALSE(r.detail.empty());
+    }
+  }
+}
+
+TEST(TopkSoftmax, BenchProblemRuns) {
+  testing::BenchRequest req;
+  req.shape.model = "qwen3-moe";
+  std::unique_ptr<testing::BenchProblem> b;
+  ASSERT_TRUE(testing::bench_topk_softmax(req, 16, *registry().find("topk_softmax_ref"), &b).ok());
+  EXPECT_TRUE(b->run().ok());
+  EXPECT_GT(b->bytes, 0);
+  EXPECT_GT(b->flops, 0);
+  EXPECT_NE(b->shape.find("E=128"), std::string::npos) << b->shape;
+}
+
+}  // namespace
+}  // namespace moekit

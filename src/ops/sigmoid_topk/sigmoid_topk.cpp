@@ -1,7 +1,40 @@
-// sigmoid_topk front door. STUB: filled in by the sigmoid_topk work.
+// sigmoid_topk front door (SPEC 1.3): validate -> T == 0 early return -> select -> run.
+// Test: tests/test_sigmoid_topk.cpp.
+#include <sstream>
+
+#include "core/check.h"
 #include "moekit/ops/routing.h"
 
 namespace moekit {
-Status validate_sigmoid_topk(const SigmoidTopkParams&) { return Unsupported("not implemented"); }
-Status sigmoid_topk(const SigmoidTopkParams&, const RunOptions&) { return Unsupported("not implemented"); }
+
+Status validate_sigmoid_topk(const SigmoidTopkParams& p) {
+  MOEKIT_RETURN_IF_ERROR(check::present(p.gating, "gating"));
+  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.gating, "gating", {DType::f32, DType::bf16, DType::f16}));
+  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.gating, "gating", {-1, -1}));
+  MOEKIT_RETURN_IF_ERROR(check::row_strided(p.gating, "gating"));
+  const int64_t T = p.gating.shape[0], Eg = p.gating.shape[1];
+  if (Eg < 1) return InvalidArgument("gating: number of experts (dim 1) must be >= 1, got ", Eg);
+  if (p.k < 1 || p.k > Eg) return InvalidArgument("k: must be in [1, Eg=", Eg, "], got ", p.k);
+  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_weights, "topk_weights"));
+  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_weights, "topk_weights", {DType::f32}));
+  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_weights, "topk_weights", {T, p.k}));
+  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_weights, "topk_weights"));
+  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_ids, "topk_ids"));
+  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_ids, "topk_ids", {DType::i32}));
+  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_ids, "topk_ids", {T, p.k}));
+  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
+  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_weights, "topk_weights"));
+  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_ids, "topk_ids"));
+  return Status::Ok();
+}
+
+Status sigmoid_topk(const SigmoidTopkParams& p, const RunOptions& opts) {
+  MOEKIT_RETURN_IF_ERROR(validate_sigmoid_topk(p));
+  if (p.gating.shape[0] == 0) return Status::Ok();  // T = 0: nothing to launch
+  std::ostringstream key;
+  key << "T=" << p.gating.shape[0] << " Eg=" << p.gating.shape[1] << " k=" << p.k << ' '
+      << dtype_name(p.gating.dtype);
+  return dispatch(OpKind::sigmoid_topk, MoeVariant::none, &p, opts, key.str());
+}
+
 }  // namespace moekit

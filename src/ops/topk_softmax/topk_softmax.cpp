@@ -1,4 +1,6 @@
-// topk_softmax front door (SPEC 1.1): validate -> select -> run. Test: tests/test_topk_softmax.cpp.
+// topk_softmax front door (SPEC 1.1): validate -> T == 0 early return -> select -> run.
+// Test: tests/test_topk_softmax.cpp.
+#include <cstdint>
 #include <sstream>
 
 #include "core/check.h"
@@ -30,6 +32,11 @@ Status validate_topk_softmax(const TopkSoftmaxParams& p) {
     MOEKIT_RETURN_IF_ERROR(check::shape_is(p.token_expert_indices, "token_expert_indices", {T, p.k}));
     MOEKIT_RETURN_IF_ERROR(check::contiguous(p.token_expert_indices, "token_expert_indices"));
     MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.token_expert_indices, "token_expert_indices"));
+    // NOTE: the largest index written is (k-1)*T + T-1 = T*k - 1, which must fit in i32.
+    if (T * p.k > int64_t(INT32_MAX) + 1) {
+      return InvalidArgument("token_expert_indices: T*k = ", T, "*", p.k, " = ", T * p.k,
+                             " exceeds the i32 index range");
+    }
   }
   return Status::Ok();
 }

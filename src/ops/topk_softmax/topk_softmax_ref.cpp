@@ -1,9 +1,10 @@
-// topk_softmax reference kernel (SPEC 1.1): scalar, f32, single-threaded.
+// topk_softmax reference kernel (SPEC 1.1): scalar, f32, single-threaded. Test:
+// tests/test_topk_softmax.cpp (against the float64 oracle of src/testing/oracle_routing.cpp).
 //
 // p = softmax(gating[t]) in f32 with NaN treated as -inf; the k largest p, ties to the lower id,
-// in descending order. A row with no finite logit (all NaN / -inf) has no defined softmax: it gets
-// ids 0..k-1 with weight 1/k each (docs/ops.md, "non-finite logits"). +inf logits share the whole
-// probability mass equally.
+// in descending order; renormalize divides by the sum of the k picks unless that sum is 0. A row
+// with no logit above -inf (all NaN / -inf) has no defined softmax: every p is 0, so it gets ids
+// 0..k-1 with weight 0 each. +inf logits share the whole probability mass equally.
 #include <cmath>
 #include <limits>
 #include <vector>
