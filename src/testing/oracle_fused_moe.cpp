@@ -172,6 +172,13 @@ void update_touched(MoeProblem* p) {
   for (int64_t i = 0; i < p->topk_ids.numel(); ++i) {
     if (ids[i] >= 0 && ids[i] < p->shape.E && local[size_t(ids[i])] >= 0) p->touched[size_t(local[size_t(ids[i])])] = true;
   }
+  p->filled.resize(size_t(p->E), false);
+  for (int64_t e = 0; e < p->E; ++e) {
+    if (!p->touched[size_t(e)] || p->filled[size_t(e)]) continue;
+    fill_expert(p->w1, p->w1_scale, p->shape.scheme, p->opts.block, p->seed, 1, e);
+    fill_expert(p->w2, p->w2_scale, p->shape.scheme, p->opts.block, p->seed, 2, e);
+    p->filled[size_t(e)] = true;
+  }
 }
 
 Status make_moe_problem(const MoeShape& s, const MoeProblemOptions& o, uint64_t seed, MoeProblem* out) {
@@ -265,12 +272,8 @@ Status make_moe_problem(const MoeShape& s, const MoeProblemOptions& o, uint64_t 
     }
     p.a1_scale.set(0, fp8_scale_for(amax));
   }
+  p.seed = seed;
   update_touched(&p);
-  for (int64_t e = 0; e < E; ++e) {
-    if (!p.touched[size_t(e)]) continue;
-    fill_expert(p.w1, p.w1_scale, s.scheme, o.block, seed, 1, e);
-    fill_expert(p.w2, p.w2_scale, s.scheme, o.block, seed, 2, e);
-  }
   *out = std::move(p);
   return Status::Ok();
 }
@@ -424,6 +427,30 @@ bool judge_moe(const std::vector<double>& actual, const std::vector<double>& exp
   if (!(m->cosine >= tol.min_cosine)) ok = false, why += " cosine too low;";
   if (!(m->rms_ratio >= tol.rms_lo && m->rms_ratio <= tol.rms_hi)) ok = false, why += " rms ratio out of range;";
   *detail = ok ? os.str() : "FAIL:" + why + " (" + os.str() + ")";
+  return ok;
+}
+
+bool run_against_oracle(MoeProblem& prob, const RunOptions& opts, std::string* detail) {
+  FusedMoeParams p = prob.params();
+  const Status st = fused_moe(p, opts);
+  if (!st.ok()) {
+    *detail = "fused_moe failed: " + st.to_string();
+    return false;
+  }
+  const MoeVariant v = fused_moe_variant(p);
+  const std::vector<double> actual = read_out(p.out);
+  const int64_t T = prob.shape.T, H = prob.shape.H;
+  Metrics m;
+  bool ok = judge_moe(actual, oracle_fused_moe(p), T, H, moe_tolerance(v, prob.x_dtype, MoeCompare::ref_vs_oracle), &m,
+                      detail);
+  if (v != MoeVariant::unquantized) {
+    OracleOptions emu;
+    emu.emulate_fp8_activations = true;
+    std::string d2;
+    ok = judge_moe(actual, oracle_fused_moe(p, emu), T, H,
+                   moe_tolerance(v, prob.x_dtype, MoeCompare::ref_vs_emulation), &m, &d2) && ok;
+    *detail = "oracle: " + *detail + "; emulated-quant oracle: " + d2;
+  }
   return ok;
 }
 

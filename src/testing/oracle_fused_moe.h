@@ -48,6 +48,8 @@ struct MoeProblem {
   Buffer topk_ids, topk_weights;    // [T, k]
   Buffer expert_mask, expert_map;   // [Eg] (both filled when local_experts < Eg; params pass one)
   std::vector<bool> touched;        // [E] local experts some token routes to
+  std::vector<bool> filled;         // [E] experts whose weights hold generated values
+  uint64_t seed = 0;
 
   // Views over the buffers (out writable). Rebuilt on each call, so edits to buffers show.
   FusedMoeParams params();
@@ -62,7 +64,8 @@ struct MoeProblem {
 // Errors for unsupported combinations (e.g. weight_on_input with k != 1).
 Status make_moe_problem(const MoeShape& s, const MoeProblemOptions& o, uint64_t seed, MoeProblem* out);
 
-// Recomputes MoeProblem::touched after a test edited topk_ids / mask / map.
+// After a test edited topk_ids / mask / map: recomputes `touched` and generates the weights of
+// experts that became touched (deterministic in (seed, expert), as make_moe_problem does).
 void update_touched(MoeProblem* p);
 
 // ---------------------------------------------------------------- oracle
@@ -117,6 +120,11 @@ const MoeTolerance& moe_tolerance(MoeVariant v, DType x_dtype, MoeCompare c);
 // cosine / rms ratio / finiteness) and *detail (the bound used, or why it failed); returns ok.
 bool judge_moe(const std::vector<double>& actual, const std::vector<double>& expected, int64_t T, int64_t H,
                const MoeTolerance& tol, Metrics* m, std::string* detail);
+
+// Runs fused_moe(prob.params(), opts) and judges its output against the oracle (ref_vs_oracle,
+// or kernel-independent: the table row of the problem's variant) and, for fp8 variants, also
+// against the emulating oracle (ref_vs_emulation). Returns ok; *detail says what was compared.
+bool run_against_oracle(MoeProblem& prob, const RunOptions& opts, std::string* detail);
 
 // Reads out [T, H] (row-strided) as doubles.
 std::vector<double> read_out(const TensorView& out);
