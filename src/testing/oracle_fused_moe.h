@@ -96,7 +96,7 @@ struct MoeTolerance {
 // Every number is explained in docs/tolerances.md (one row there per row here).
 inline constexpr MoeTolerance kMoeTolerances[] = {
     // variant                 x dtype     compare                       rtol    atol_rms min_cos   rms range
-    {MoeVariant::unquantized, DType::f32, MoeCompare::ref_vs_oracle, 3e-5, 3e-5, 0.999999, 0.9999, 1.0001},
+    {MoeVariant::unquantized, DType::f32, MoeCompare::ref_vs_oracle, 1e-4, 1e-4, 0.999999, 0.9999, 1.0001},
     {MoeVariant::unquantized, DType::bf16, MoeCompare::ref_vs_oracle, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
     {MoeVariant::unquantized, DType::f16, MoeCompare::ref_vs_oracle, 1e-3, 1e-3, 0.999999, 0.999, 1.001},
     {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0.995, 0.95, 1.05},
@@ -105,7 +105,7 @@ inline constexpr MoeTolerance kMoeTolerances[] = {
     {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
     {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
     {MoeVariant::fp8_block, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
-    {MoeVariant::unquantized, DType::f32, MoeCompare::kernel_vs_ref, 1e-4, 1e-4, 0.99999, 0.999, 1.001},
+    {MoeVariant::unquantized, DType::f32, MoeCompare::kernel_vs_ref, 2e-4, 2e-4, 0.99999, 0.999, 1.001},
     {MoeVariant::unquantized, DType::bf16, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0.9999, 0.99, 1.01},
     {MoeVariant::unquantized, DType::f16, MoeCompare::kernel_vs_ref, 2e-3, 2e-3, 0.99999, 0.998, 1.002},
     {MoeVariant::fp8_row, DType::f32, MoeCompare::kernel_vs_ref, 0, 0, 0.9999, 0.995, 1.005},
