@@ -300,6 +300,10 @@ TEST(FusedMoe, CallerWorkspace) {
   EXPECT_NE(small.message().find("workspace"), std::string::npos) << small.message();
   opts.workspace_bytes = need;
   expect_matches_oracle(prob, opts);
+  // A workspace that starts at an odd address works too.
+  std::vector<unsigned char> odd(need + 1);
+  opts.workspace = odd.data() + 1;
+  expect_matches_oracle(prob, opts);
 }
 
 TEST(FusedMoe, ExplicitKernelAndWrongVariantKernel) {
@@ -587,6 +591,52 @@ TEST_F(FusedMoeValidation, ExpertMaskAndMap) {
   expect_invalid(mp.params(), {"expert_map[5]: must be a local expert in [0, 3) or -1, got 3"});
   mp.expert_map.data<int32_t>()[5] = -2;
   expect_invalid(mp.params(), {"expert_map[5]", "got -2"});
+}
+
+TEST_F(FusedMoeValidation, MissingAndEmptyArguments) {
+  FusedMoeParams p = prob.params();
+  p.w1 = TensorView();
+  expect_invalid(p, {"w1: required"});
+  p = prob.params();
+  p.w2 = TensorView();
+  expect_invalid(p, {"w2: required"});
+  p = prob.params();
+  p.topk_ids = TensorView();
+  expect_invalid(p, {"topk_ids: required"});
+  p = prob.params();
+  p.topk_weights = TensorView();
+  expect_invalid(p, {"topk_weights: required"});
+  p = prob.params();
+  p.x.data = nullptr;
+  expect_invalid(p, {"x: data is null"});
+  p = prob.params();
+  p.topk_ids.stride[0] = 3;
+  expect_invalid(p, {"topk_ids: must be contiguous"});
+  Buffer x0(DType::bf16, {4, 0}), out0(DType::bf16, {4, 0});
+  p = prob.params();
+  p.x = x0.view;
+  p.out = out0.view;
+  expect_invalid(p, {"x: hidden size (dim 1) must be >= 1, got 0"});
+  Buffer w1e(DType::bf16, {0, 64, 64});
+  p = prob.params();
+  p.w1 = w1e.view;
+  expect_invalid(p, {"w1: number of local experts (dim 0) must be >= 1, got 0"});
+  Buffer w1i(DType::bf16, {8, 0, 64}), w2i(DType::bf16, {8, 64, 0});
+  p = prob.params();
+  p.w1 = w1i.view;
+  p.w2 = w2i.view;
+  expect_invalid(p, {"w2: intermediate size (dim 2) must be >= 1, got 0"});
+}
+
+TEST_F(FusedMoeValidation, WorkspaceQueryValidatesToo) {
+  FusedMoeParams p = prob.params();
+  p.out.dtype = DType::f16;
+  size_t bytes = 7;
+  const Status st = fused_moe_workspace_size(p, {}, &bytes);
+  EXPECT_EQ(st.code(), StatusCode::invalid_argument);
+  EXPECT_NE(st.message().find("out: dtype"), std::string::npos) << st.message();
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(fused_moe_workspace_size(prob.params(), {}, nullptr).code(), StatusCode::invalid_argument);
 }
 
 TEST_F(FusedMoeValidation, Devices) {

@@ -26,11 +26,13 @@ uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-// Uniform in [-1, 1).
-float hash_uniform(uint64_t seed, uint64_t stream, uint64_t i) {
-  const uint64_t h = splitmix64(seed * 0x632BE59BD9B4E019ull ^ splitmix64(stream * 0x100000001B3ull + i));
-  return float(double(h >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+// Uniform in [-1, 1) from 64 random bits.
+float to_uniform(uint64_t h) { return float(double(h >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
+// Key of item i of a stream: a seed for splitmix64(key + j) sequences.
+uint64_t hash_key(uint64_t seed, uint64_t stream, uint64_t i) {
+  return splitmix64(seed * 0x632BE59BD9B4E019ull ^ splitmix64(stream * 0x100000001B3ull + i));
 }
+float hash_uniform(uint64_t seed, uint64_t stream, uint64_t i) { return to_uniform(hash_key(seed, stream, i)); }
 
 // Local fp8 quantizer of the generator (same formula as SPEC 5): scale = max(amax, floor) / 448.
 float fp8_scale_for(float amax) { return std::max(amax, kFp8AmaxFloor) / kFp8E4m3fnMax; }
@@ -50,9 +52,8 @@ void fill_expert(Buffer& w, Buffer& scale, Scheme scheme, int block, uint64_t se
   for (int64_t n = 0; n < N; ++n) {
     const float row_factor = 1.0f + 0.5f * hash_uniform(seed, stream * 1000 + 2, uint64_t(e * N + n));
     const float amp = std::sqrt(3.0f) * sigma * expert_factor * row_factor;  // U(-amp, amp) has std sigma*f
-    for (int64_t c = 0; c < K; ++c) {
-      v[size_t(n * K + c)] = amp * hash_uniform(seed, stream, uint64_t((e * N + n) * K + c));
-    }
+    const uint64_t key = hash_key(seed, stream, uint64_t(e * N + n));
+    for (int64_t c = 0; c < K; ++c) v[size_t(n * K + c)] = amp * to_uniform(splitmix64(key + uint64_t(c)));
   }
   const DType dt = w.view.dtype;
   const Layout lay = w.view.layout;
@@ -88,11 +89,16 @@ void fill_expert(Buffer& w, Buffer& scale, Scheme scheme, int block, uint64_t se
   }
   auto* codes = w.data<uint8_t>();
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < K; ++c) {
+    // Column run [c0, c1) shares one scale: the whole row, or one block.
+    const int64_t run = scheme == Scheme::fp8_block ? block : K;
+    for (int64_t c0 = 0; c0 < K; c0 += run) {
+      const int64_t c1 = std::min(K, c0 + run);
       const float sc = scheme == Scheme::fp8_tensor    ? s[e]
                        : scheme == Scheme::fp8_channel ? s[e * N + n]
-                                                       : s[(e * nb + n / block) * kb + c / block];
-      codes[base + matrix_offset(lay, n, c, K, eb)] = f32_to_e4m3fn_bits(v[size_t(n * K + c)] / sc);
+                                                       : s[(e * nb + n / block) * kb + c0 / block];
+      for (int64_t c = c0; c < c1; ++c) {
+        codes[base + matrix_offset(lay, n, c, K, eb)] = f32_to_e4m3fn_bits(v[size_t(n * K + c)] / sc);
+      }
     }
   }
 }
@@ -301,15 +307,18 @@ void dequantize_expert(const TensorView& w, const TensorView& scale, int bn, int
   m.assign(static_cast<size_t>(N * K), 0.0);
   const float* s = scale.present() ? scale.ptr<const float>() : nullptr;
   const int64_t nb = bn > 0 ? ceil_div(N, bn) : 0, kb = bk > 0 ? ceil_div(K, bk) : 0;
+  const int64_t run = bk > 0 ? bk : K;  // columns sharing one scale
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < K; ++c) {
+    for (int64_t c0 = 0; c0 < K; c0 += run) {
       double sc = 1.0;
       if (s != nullptr) {
-        if (bn > 0) sc = s[(e * nb + n / bn) * kb + c / bk];
+        if (bn > 0) sc = s[(e * nb + n / bn) * kb + c0 / bk];
         else sc = scale.ndim == 1 ? s[e] : s[e * N + n];
       }
-      const double v = load_as_f32(w.data, w.dtype, e * N * K + matrix_offset(w.layout, n, c, K, eb));
-      m[size_t(n * K + c)] = v * sc;
+      for (int64_t c = c0; c < std::min(K, c0 + run); ++c) {
+        const double v = load_as_f32(w.data, w.dtype, e * N * K + matrix_offset(w.layout, n, c, K, eb));
+        m[size_t(n * K + c)] = v * sc;
+      }
     }
   }
 }

@@ -70,7 +70,8 @@ MoeVariant fused_moe_variant(const FusedMoeParams& p);
 Status fused_moe(const FusedMoeParams& p, const RunOptions& opts = {});
 Status validate_fused_moe(const FusedMoeParams& p);
 // Bytes of workspace the kernel selected for p needs. Host kernels get a front-door allocation when
-// the caller passes none; pass RunOptions::workspace to keep the call allocation-free.
+// the caller passes none; pass RunOptions::workspace to keep the call allocation-free. Checks the
+// shapes, dtypes and scales of p but not the VALUES of ids / mask / map (they may not be filled yet).
 Status fused_moe_workspace_size(const FusedMoeParams& p, const RunOptions& opts, size_t* bytes);
 
 // Shape facts derived from validated params.

@@ -117,7 +117,6 @@ Status validate_meta(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(check::present(p.w1, "w1"));
   MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.w1, "w1", {p.x.dtype, DType::fp8_e4m3fn}));
   MOEKIT_RETURN_IF_ERROR(check::shape_is(p.w1, "w1", {-1, -1, H}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.w1, "w1"));
   const int64_t E = p.w1.shape[0], N1 = p.w1.shape[1];
   if (E < 1) return InvalidArgument("w1: number of local experts (dim 0) must be >= 1, got ", E);
   MOEKIT_RETURN_IF_ERROR(check::present(p.w2, "w2"));
@@ -125,13 +124,14 @@ Status validate_meta(const FusedMoeParams& p) {
     return InvalidArgument("w2: dtype must equal w1's (", dtype_name(p.w1.dtype), "), got ", dtype_name(p.w2.dtype));
   }
   MOEKIT_RETURN_IF_ERROR(check::shape_is(p.w2, "w2", {E, H, -1}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.w2, "w2"));
   const int64_t I = p.w2.shape[2];
   if (I < 1) return InvalidArgument("w2: intermediate size (dim 2) must be >= 1, got ", I);
   if (N1 != 2 * I && N1 != I) {
     return InvalidArgument("w1: dim 1 must be 2*I = ", 2 * I, " (g1u1) or I = ", I, " (g1u0) with I = w2.shape[2], got ",
                            N1);
   }
+  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.w1, "w1"));
+  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.w2, "w2"));
   if (p.w1.layout != p.w2.layout) {
     return InvalidArgument("w2: layout must equal w1's (", layout_name(p.w1.layout), "), got ", layout_name(p.w2.layout));
   }

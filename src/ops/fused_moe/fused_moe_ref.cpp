@@ -40,13 +40,14 @@ size_t scratch_bytes(const FusedMoeParams& p) {
   const Sizes s = sizes(p);
   size_t n = 0;
   for (int64_t f : {s.xin, s.xscale, s.wrow, s.h, s.a, s.ascale, s.y}) n += align_up(size_t(f) * sizeof(float));
-  return n + align_up(size_t(s.local) * sizeof(int32_t));
+  // + kAlign: a caller's workspace need not be aligned; carve_scratch aligns its start.
+  return n + align_up(size_t(s.local) * sizeof(int32_t)) + kAlign;
 }
 
 Scratch carve_scratch(const FusedMoeParams& p, void* workspace) {
   const Sizes s = sizes(p);
   auto* base = static_cast<unsigned char*>(workspace);
-  size_t off = 0;
+  size_t off = (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   auto take = [&](int64_t n, size_t elem) {
     unsigned char* q = base + off;
     off += align_up(size_t(n) * elem);
