@@ -340,6 +340,19 @@ TEST(FusedMoeFp8, CheckHookEdgeCasesEachFp8Scheme) {
   }
 }
 
+TEST(FusedMoeFp8, CheckHookEdgeCasesWithWeightOnInput) {
+  for (Scheme sc : kFp8Schemes) {
+    CheckRequest req;
+    req.shape.model = "llama4";
+    req.shape.scheme = sc;
+    req.shape.scheme_given = true;
+    req.tokens = {2};
+    const std::vector<CaseResult> results = check_fused_moe(req);
+    expect_all_ok(results);
+    for (const CaseResult& r : results) EXPECT_NE(r.name.find("weight_on_input"), std::string::npos) << r.name;
+  }
+}
+
 TEST(FusedMoeFp8, CheckHookEveryPresetFp8) {
   for (const ModelPreset& m : model_presets()) {
     for (Scheme sc : kFp8Schemes) {
@@ -385,6 +398,12 @@ TEST(FusedMoeFp8, ValidationWeightsAndRowScales) {
   p = prob.params();
   p.a1_scale = a1.view;
   expect_invalid(p, {"a1_scale: shape must be [1], got [2]"});
+  Buffer a1_zero(DType::f32, {1});
+  p = prob.params();
+  p.a1_scale = a1_zero.view;
+  expect_invalid(p, {"a1_scale[0]: static activation scale must be finite and > 0, got 0"});
+  a1_zero.set(0, std::numeric_limits<float>::quiet_NaN());
+  expect_invalid(p, {"a1_scale[0]", "got nan"});
   p = prob.params();
   p.weight_on_input = true;
   expect_invalid(p, {"weight_on_input: needs k == 1", "got k = 2"});

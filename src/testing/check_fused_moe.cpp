@@ -147,14 +147,15 @@ void edit_minus_one(MoeProblem* p) {
 std::vector<EdgeCase> edge_cases(const MoeShape& base) {
   // Small problem in the requested scheme: E = 6 (not a power of two), H = 96 and I = 64 (not
   // multiples of 128; fp8_block gets partial blocks), k = 2.
+  // With weight_on_input requested every case keeps it, and k = 1 (its contract).
+  const bool on_input = base.weight_on_input;
   MoeShape s = base;
   s.label = "edge";
   s.E = 6;
-  s.k = 2;
+  s.k = on_input ? 1 : 2;
   s.H = 96;
   s.I = 64;
   s.T = 7;
-  s.weight_on_input = false;
   s.renormalize = true;
   s.rsf = 1.0f;
   std::vector<EdgeCase> v;
@@ -170,9 +171,11 @@ std::vector<EdgeCase> edge_cases(const MoeShape& base) {
   MoeShape k1 = s;
   k1.k = 1;
   add("k=1", k1);
-  MoeShape kE = s;
-  kE.k = s.E;
-  add("k=E", kE);
+  if (!on_input) {
+    MoeShape kE = s;
+    kE.k = s.E;
+    add("k=E", kE);
+  }
   MoeShape eGtT = s;
   eGtT.T = 3;
   add("E>T", eGtT);

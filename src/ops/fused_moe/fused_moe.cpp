@@ -4,6 +4,7 @@
 // parallelism tables, devices) and, for host tensors, scans the ids / mask / map VALUES, all before
 // any kernel runs, so an invalid call never writes `out`. Tests: tests/test_fused_moe.cpp
 // (FusedMoe.Validation*, FusedMoe.Poison*) and tests/test_fused_moe_fp8.cpp.
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -216,7 +217,8 @@ Status validate_meta(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-// Value scans of the (host) index tensors: mask 0/1 with sum E, map in [-1, E), ids in [-1, Eg).
+// Value scans of the (host) index tensors: mask 0/1 with sum E, map in [-1, E), ids in [-1, Eg),
+// and a static a1_scale finite and > 0.
 // NOTE: device tensors are not read here (no host-device sync on the call path); device kernels
 // skip bad ids and report them through their own error flag (SPEC 2).
 Status validate_values(const FusedMoeParams& p) {
@@ -240,6 +242,12 @@ Status validate_values(const FusedMoeParams& p) {
       if (m[g] < -1 || m[g] >= d.E) {
         return InvalidArgument("expert_map[", g, "]: must be a local expert in [0, ", d.E, ") or -1, got ", m[g]);
       }
+    }
+  }
+  if (p.a1_scale.present()) {
+    const float s = p.a1_scale.ptr<const float>()[0];
+    if (!(std::isfinite(s) && s > 0.0f)) {
+      return InvalidArgument("a1_scale[0]: static activation scale must be finite and > 0, got ", s);
     }
   }
   const int32_t* ids = p.topk_ids.ptr<int32_t>();
