@@ -399,6 +399,26 @@ TEST(FusedMoe, CheckHookEveryPresetUnquantized) {
   }
 }
 
+TEST(FusedMoe, CheckHookBackendFilter) {
+  CheckRequest req;
+  req.shape.model = "qwen3-moe";
+  req.tokens = {1};
+  req.edge_cases = false;
+  req.has_backend = true;
+  req.backend = Backend::ref;
+  const std::vector<CaseResult> ref = check_fused_moe(req);
+  ASSERT_EQ(ref.size(), 1u);
+  EXPECT_EQ(ref[0].kernel, "fused_moe_ref");
+  EXPECT_EQ(ref[0].reference, "oracle");
+  EXPECT_TRUE(ref[0].ok) << ref[0].detail;
+  // Every result names a kernel of the requested backend, or says it skipped.
+  req.backend = Backend::cpu;
+  for (const CaseResult& r : check_fused_moe(req)) {
+    EXPECT_TRUE(r.ok) << r.detail;
+    EXPECT_TRUE(r.backend == "cpu" || r.detail.rfind("skipped", 0) == 0) << r.kernel << " " << r.detail;
+  }
+}
+
 TEST(FusedMoe, CheckHookReportsBadRequests) {
   CheckRequest req;
   req.shape.model = "mixtral";

@@ -58,8 +58,10 @@ void run_case(MoeProblem& prob, const std::string& name, const std::vector<const
   std::vector<double> oracle, ref_out;
   bool have_ref = false;
   Status ref_status;
+  int ran = 0;
   for (const Kernel* k : kernels) {
     if (k->variant != variant) continue;
+    ++ran;
     CaseResult r = make_result(k, name);
     const bool is_ref = k->backend == Backend::ref;
     r.reference = is_ref ? "oracle" : "ref";
@@ -119,6 +121,12 @@ void run_case(MoeProblem& prob, const std::string& name, const std::vector<const
       r.ok = r.ok && ok;
       r.detail = "oracle: " + r.detail + "; emulated-quant oracle: " + detail;
     }
+    results->push_back(r);
+  }
+  if (ran == 0) {  // e.g. --backend cpu with no cpu kernel of this variant: say so, do not hide it
+    CaseResult r = make_result(nullptr, name);
+    r.ok = true;
+    r.detail = std::string("skipped: no kernel of variant ") + variant_name(variant) + " among the kernels checked";
     results->push_back(r);
   }
 }
