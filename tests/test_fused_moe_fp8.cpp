@@ -216,6 +216,20 @@ TEST(FusedMoeFp8, SizesNotMultiplesOfTheBlock) {
     SCOPED_TRACE(block);
     expect_matches_oracle(prob);
   }
+  // Non-square blocks (bn != bk): a swapped row / column block index would show here.
+  for (auto [bn, bk] : {std::pair<int, int>{32, 64}, std::pair<int, int>{128, 32}}) {
+    MoeProblemOptions o;
+    o.block = bn;
+    o.block_k = bk;
+    MoeProblem prob = make(small_shape(Scheme::fp8_block, 4, 5, 2, 200, 72), o);
+    const FusedMoeParams p = prob.params();
+    EXPECT_EQ(p.scale_block_n, bn);
+    EXPECT_EQ(p.scale_block_k, bk);
+    EXPECT_EQ(p.w2_scale.shape[1], (200 + bn - 1) / bn);
+    EXPECT_EQ(p.w2_scale.shape[2], (72 + bk - 1) / bk);
+    SCOPED_TRACE(std::to_string(bn) + "x" + std::to_string(bk));
+    expect_matches_oracle(prob);
+  }
 }
 
 TEST(FusedMoeFp8, G1U0AndEachActivation) {

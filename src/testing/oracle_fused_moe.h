@@ -33,7 +33,8 @@ struct MoeProblemOptions {
   ExpertParallel ep = ExpertParallel::none;  // how the local subset is described
   int64_t row_pad = 0;              // x / out row stride = H + row_pad
   bool static_a1_scale = false;     // fp8_tensor / fp8_channel: pass a static a1_scale
-  int block = 128;                  // fp8_block: block size along N and K
+  int block = 128;                  // fp8_block: block height along N (and width along K unless block_k)
+  int block_k = 0;                  // fp8_block: block width along K; 0 = block
 };
 
 // An owned fused-MoE problem: buffers plus the FusedMoeParams viewing them.
@@ -57,7 +58,7 @@ struct MoeProblem {
 
 // Random problem: x ~ N(0, 1); w1 rows ~ U with std 1/sqrt(H), w2 rows std 1/sqrt(I), each
 // expert and row scaled by a factor in [0.5, 1.5] (so per-tensor / per-row scales differ); fp8
-// weights are those values quantized per tensor / per row / per block x block (local helper,
+// weights are those values quantized per tensor / per row / per block x block_k (local helper,
 // scale = max(amax, floor) / 448). Routing: softmax top-k of N(0, 1) logits over shape.E global
 // experts (renormalized per shape, times shape.rsf); weight_on_input: sigmoid of the top-1 logit.
 // Weights of local experts no token uses stay 0 (the presets hold up to 176M weights).
@@ -87,30 +88,31 @@ struct MoeTolerance {
   MoeVariant variant;
   DType x_dtype;        // unquantized: x/out dtype; fp8 variants: f32 means "any x dtype"
   MoeCompare compare;
-  // Elementwise bound |a - e| <= atol_rms * rms(expected) + rtol * |e| (used when rtol > 0).
-  double rtol, atol_rms;
+  // Elementwise bound |a - e| <= atol_rms * rms(expected) + rtol * |e| (used when rtol > 0), which
+  // at most a fraction max_bad of the elements may exceed (0 = every element).
+  double rtol, atol_rms, max_bad;
   // Similarity bounds (always checked): cosine >= min_cosine, rms(a)/rms(e) in [rms_lo, rms_hi].
   double min_cosine, rms_lo, rms_hi;
 };
 
 // Every number is explained in docs/tolerances.md (one row there per row here).
 inline constexpr MoeTolerance kMoeTolerances[] = {
-    // variant                 x dtype     compare                       rtol    atol_rms min_cos   rms range
-    {MoeVariant::unquantized, DType::f32, MoeCompare::ref_vs_oracle, 1e-4, 1e-4, 0.999999, 0.9999, 1.0001},
-    {MoeVariant::unquantized, DType::bf16, MoeCompare::ref_vs_oracle, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
-    {MoeVariant::unquantized, DType::f16, MoeCompare::ref_vs_oracle, 1e-3, 1e-3, 0.999999, 0.999, 1.001},
-    {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0.995, 0.95, 1.05},
-    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0.995, 0.95, 1.05},
-    {MoeVariant::fp8_block, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0.995, 0.95, 1.05},
-    {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
-    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
-    {MoeVariant::fp8_block, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.99999, 0.995, 1.005},
-    {MoeVariant::unquantized, DType::f32, MoeCompare::kernel_vs_ref, 2e-4, 2e-4, 0.99999, 0.999, 1.001},
-    {MoeVariant::unquantized, DType::bf16, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0.9999, 0.99, 1.01},
-    {MoeVariant::unquantized, DType::f16, MoeCompare::kernel_vs_ref, 2e-3, 2e-3, 0.99999, 0.998, 1.002},
-    {MoeVariant::fp8_row, DType::f32, MoeCompare::kernel_vs_ref, 0, 0, 0.9999, 0.995, 1.005},
-    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::kernel_vs_ref, 0, 0, 0.9999, 0.995, 1.005},
-    {MoeVariant::fp8_block, DType::f32, MoeCompare::kernel_vs_ref, 0, 0, 0.9999, 0.995, 1.005},
+    // variant                 x dtype      compare                       rtol    atol_rms max_bad min_cos   rms range
+    {MoeVariant::unquantized, DType::f32, MoeCompare::ref_vs_oracle, 1e-4, 1e-4, 0, 0.999999, 0.9999, 1.0001},
+    {MoeVariant::unquantized, DType::bf16, MoeCompare::ref_vs_oracle, 8e-3, 8e-3, 0, 0.99999, 0.995, 1.005},
+    {MoeVariant::unquantized, DType::f16, MoeCompare::ref_vs_oracle, 1e-3, 1e-3, 0, 0.999999, 0.999, 1.001},
+    {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0, 0.995, 0.95, 1.05},
+    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0, 0.995, 0.95, 1.05},
+    {MoeVariant::fp8_block, DType::f32, MoeCompare::ref_vs_oracle, 0, 0, 0, 0.995, 0.95, 1.05},
+    {MoeVariant::fp8_row, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.05, 0.9995, 0.995, 1.005},
+    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.05, 0.9995, 0.995, 1.005},
+    {MoeVariant::fp8_block, DType::f32, MoeCompare::ref_vs_emulation, 8e-3, 8e-3, 0.05, 0.9995, 0.995, 1.005},
+    {MoeVariant::unquantized, DType::f32, MoeCompare::kernel_vs_ref, 2e-4, 2e-4, 0, 0.99999, 0.999, 1.001},
+    {MoeVariant::unquantized, DType::bf16, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0, 0.9999, 0.99, 1.01},
+    {MoeVariant::unquantized, DType::f16, MoeCompare::kernel_vs_ref, 2e-3, 2e-3, 0, 0.99999, 0.998, 1.002},
+    {MoeVariant::fp8_row, DType::f32, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0.05, 0.9995, 0.995, 1.005},
+    {MoeVariant::fp8_row_tkw1, DType::f32, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0.05, 0.9995, 0.995, 1.005},
+    {MoeVariant::fp8_block, DType::f32, MoeCompare::kernel_vs_ref, 1.6e-2, 1.6e-2, 0.05, 0.9995, 0.995, 1.005},
 };
 
 // The row of kMoeTolerances for (variant, x dtype, compare).
