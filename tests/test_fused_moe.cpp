@@ -508,6 +508,10 @@ TEST_F(FusedMoeValidation, ShuffledNeedsAlignedDims) {
   FusedMoeParams p = odd.params();
   p.w1.layout = p.w2.layout = Layout::shuffled_16x16;
   expect_invalid(p, {"w1: layout shuffled_16x16 needs N % 16 == 0 and K % 32 == 0, got [N, K] = [64, 48]"});
+  MoeProblem odd_i = make(small_shape(Scheme::bf16, 2, 4, 2, 64, 48));  // w2 K = I = 48
+  p = odd_i.params();
+  p.w1.layout = p.w2.layout = Layout::shuffled_16x16;
+  expect_invalid(p, {"w2: layout shuffled_16x16 needs N % 16 == 0 and K % 32 == 0, got [N, K] = [64, 48]"});
 }
 
 TEST_F(FusedMoeValidation, Routing) {
