@@ -457,13 +457,11 @@ void expect_invalid(const FusedMoeParams& p, std::initializer_list<const char*> 
   EXPECT_EQ(validate_fused_moe(p).message(), st.message());
 }
 
-class FusedMoeValidation : public ::testing::Test {
- protected:
-  void SetUp() override { prob = make(small_shape(Scheme::bf16, 4, 8, 2, 64, 32)); }
-  MoeProblem prob;
-};
+// The valid problem every validation test breaks one argument of: T 4, E 8, k 2, H 64, I 32.
+MoeProblem validation_problem() { return make(small_shape(Scheme::bf16, 4, 8, 2, 64, 32)); }
 
-TEST_F(FusedMoeValidation, X) {
+TEST(FusedMoe, ValidationX) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.x = TensorView();
   expect_invalid(p, {"x: required"});
@@ -479,7 +477,8 @@ TEST_F(FusedMoeValidation, X) {
   expect_invalid(p, {"x: shape must be [*, *]"});
 }
 
-TEST_F(FusedMoeValidation, Weights) {
+TEST(FusedMoe, ValidationWeights) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.w1.dtype = DType::f16;
   expect_invalid(p, {"w1: dtype must be bf16|fp8_e4m3fn, got f16"});
@@ -503,7 +502,8 @@ TEST_F(FusedMoeValidation, Weights) {
   expect_invalid(p, {"w1: must be contiguous"});
 }
 
-TEST_F(FusedMoeValidation, ShuffledNeedsAlignedDims) {
+TEST(FusedMoe, ValidationShuffledNeedsAlignedDims) {
+  MoeProblem prob = validation_problem();
   MoeProblem odd = make(small_shape(Scheme::bf16, 2, 4, 2, 48, 32));  // H = 48: not a multiple of 32
   FusedMoeParams p = odd.params();
   p.w1.layout = p.w2.layout = Layout::shuffled_16x16;
@@ -514,7 +514,8 @@ TEST_F(FusedMoeValidation, ShuffledNeedsAlignedDims) {
   expect_invalid(p, {"w2: layout shuffled_16x16 needs N % 16 == 0 and K % 32 == 0, got [N, K] = [64, 48]"});
 }
 
-TEST_F(FusedMoeValidation, Routing) {
+TEST(FusedMoe, ValidationRouting) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.topk_ids.dtype = DType::f32;
   expect_invalid(p, {"topk_ids: dtype must be i32, got f32"});
@@ -535,7 +536,8 @@ TEST_F(FusedMoeValidation, Routing) {
   expect_invalid(p, {"topk_ids: k (dim 1) must be in [1, Eg=8], got 9"});
 }
 
-TEST_F(FusedMoeValidation, Out) {
+TEST(FusedMoe, ValidationOut) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.out.dtype = DType::f32;
   expect_invalid(p, {"out: dtype must be bf16, got f32"});
@@ -547,13 +549,15 @@ TEST_F(FusedMoeValidation, Out) {
   expect_invalid(p, {"out: required"});
 }
 
-TEST_F(FusedMoeValidation, WeightOnInputNeedsKOne) {
+TEST(FusedMoe, ValidationWeightOnInputNeedsKOne) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.weight_on_input = true;
   expect_invalid(p, {"weight_on_input: needs k == 1", "got k = 2"});
 }
 
-TEST_F(FusedMoeValidation, UnquantizedTakesNoScales) {
+TEST(FusedMoe, ValidationUnquantizedTakesNoScales) {
+  MoeProblem prob = validation_problem();
   Buffer s(DType::f32, {8});
   FusedMoeParams p = prob.params();
   p.w1_scale = s.view;
@@ -573,7 +577,8 @@ TEST_F(FusedMoeValidation, UnquantizedTakesNoScales) {
   expect_invalid(p, {"scale_block_n/scale_block_k: must be both 0 or both > 0, got 128 x 0"});
 }
 
-TEST_F(FusedMoeValidation, ExpertIdsOutOfRange) {
+TEST(FusedMoe, ValidationExpertIdsOutOfRange) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   prob.topk_ids.data<int32_t>()[3 * 2 + 1] = 8;
   expect_invalid(p, {"topk_ids[3, 1]: expert id must be in [-1, Eg=8), got 8 (token 3, slot 1)"});
@@ -581,7 +586,8 @@ TEST_F(FusedMoeValidation, ExpertIdsOutOfRange) {
   expect_invalid(p, {"topk_ids[3, 1]", "got -2"});
 }
 
-TEST_F(FusedMoeValidation, ExpertMaskAndMap) {
+TEST(FusedMoe, ValidationExpertMaskAndMap) {
+  MoeProblem prob = validation_problem();
   MoeProblemOptions o;
   o.local_experts = 3;
   o.ep = ExpertParallel::mask;
@@ -617,7 +623,8 @@ TEST_F(FusedMoeValidation, ExpertMaskAndMap) {
   expect_invalid(mp.params(), {"expert_map[5]", "got -2"});
 }
 
-TEST_F(FusedMoeValidation, MissingAndEmptyArguments) {
+TEST(FusedMoe, ValidationMissingAndEmptyArguments) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.w1 = TensorView();
   expect_invalid(p, {"w1: required"});
@@ -652,7 +659,8 @@ TEST_F(FusedMoeValidation, MissingAndEmptyArguments) {
   expect_invalid(p, {"w2: intermediate size (dim 2) must be >= 1, got 0"});
 }
 
-TEST_F(FusedMoeValidation, WorkspaceQueryValidatesToo) {
+TEST(FusedMoe, ValidationWorkspaceQueryValidatesToo) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.out.dtype = DType::f16;
   size_t bytes = 7;
@@ -663,7 +671,8 @@ TEST_F(FusedMoeValidation, WorkspaceQueryValidatesToo) {
   EXPECT_EQ(fused_moe_workspace_size(prob.params(), {}, nullptr).code(), StatusCode::invalid_argument);
 }
 
-TEST_F(FusedMoeValidation, Devices) {
+TEST(FusedMoe, ValidationDevices) {
+  MoeProblem prob = validation_problem();
   FusedMoeParams p = prob.params();
   p.out.device = Device::cuda;
   expect_invalid(p, {"out: is on cuda:0 but x is on cpu:0"});
