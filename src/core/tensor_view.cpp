@@ -50,6 +50,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // an empty tensor has no element whose address could be off
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     if (shape[i] != 1 && stride[i] != s) return false;

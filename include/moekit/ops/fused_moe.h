@@ -80,6 +80,19 @@ struct MoeDims {
   int64_t N1;   // rows of w1: 2I (g1u1) or I (g1u0)
   bool g1u1;
 };
-MoeDims moe_dims(const FusedMoeParams& p);
+// Header-only so that every backend can use it without depending on the front doors.
+inline MoeDims moe_dims(const FusedMoeParams& p) {
+  MoeDims d{};
+  d.T = p.x.ndim == 2 ? p.x.shape[0] : 0;
+  d.H = p.x.ndim == 2 ? p.x.shape[1] : 0;
+  d.I = p.w2.ndim == 3 ? p.w2.shape[2] : 0;
+  d.E = p.w1.ndim == 3 ? p.w1.shape[0] : 0;
+  d.N1 = p.w1.ndim == 3 ? p.w1.shape[1] : 0;
+  d.k = p.topk_ids.ndim == 2 ? p.topk_ids.shape[1] : 0;
+  d.Eg = p.expert_mask.present() ? p.expert_mask.shape[0]
+                                 : (p.expert_map.present() ? p.expert_map.shape[0] : d.E);
+  d.g1u1 = d.N1 == 2 * d.I;
+  return d;
+}
 
 }  // namespace moekit
