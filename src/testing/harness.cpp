@@ -72,7 +72,8 @@ Metrics compare_close(const std::vector<double>& actual, const std::vector<doubl
     m.worst = "size mismatch";
     return m;
   }
-  double dot = 0, na = 0, ne = 0, worst_excess = -1;
+  double dot = 0, na = 0, ne = 0;
+  double worst_excess = -INFINITY;  // err - tol of the element closest to (or furthest past) its bound
   for (size_t i = 0; i < expected.size(); ++i) {
     const double a = actual[i], e = expected[i];
     if (std::isfinite(e) && !std::isfinite(a)) m.finite = false;
@@ -85,9 +86,10 @@ Metrics compare_close(const std::vector<double>& actual, const std::vector<doubl
       m.max_abs_err = std::max(m.max_abs_err, err);
       m.max_rel_err = std::max(m.max_rel_err, err / std::max(std::fabs(e), 1e-6));
     }
-    const double excess = bad ? (std::isfinite(err) ? err - tol : 1e300) : -1;
-    if (excess > worst_excess || (m.worst.empty() && err > 0)) {
-      if (excess > worst_excess) worst_excess = excess;
+    // NOTE: ranking by err - tol names the element closest to failing even when all pass.
+    const double excess = both_nan ? -INFINITY : (std::isfinite(err) ? err - tol : INFINITY);
+    if (excess > worst_excess) {
+      worst_excess = excess;
       std::ostringstream os;
       os << coords(int64_t(i), dims) << " actual " << a << " expected " << e;
       m.worst = os.str();
