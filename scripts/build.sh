@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
+# ccache: hash paths relative to the checkout so a fresh clone elsewhere (CI) reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_WERROR=ON "$@"
 cmake --build "$BUILD_DIR" -j "${MOEKIT_JOBS:-$(nproc)}"
