@@ -299,17 +299,37 @@ struct MoeBench : BenchProblem {
 
 }  // namespace
 
+namespace {
+// The variant SPEC 6 picks for a problem of this shape (what fused_moe_variant() returns for the
+// params make_moe_problem builds from it).
+MoeVariant variant_of(const MoeShape& s) {
+  switch (s.scheme) {
+    case Scheme::fp8_block: return MoeVariant::fp8_block;
+    case Scheme::fp8_tensor:
+    case Scheme::fp8_channel: return s.weight_on_input ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
+    default: return MoeVariant::unquantized;
+  }
+}
+}  // namespace
+
+bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k) {
+  MoeShape s;
+  if (!resolve_shape(req.shape, 1, &s).ok()) return true;  // let prepare_bench report the error
+  return k.op == OpKind::fused_moe && k.variant == variant_of(s);
+}
+
 Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
   MoeShape s;
   MOEKIT_RETURN_IF_ERROR(resolve_shape(req.shape, tokens, &s));
-  auto b = std::make_unique<MoeBench>();
-  MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
-  b->params = b->prob.params();
-  const MoeVariant v = fused_moe_variant(b->params);
+  const MoeVariant v = variant_of(s);
   if (k.op != OpKind::fused_moe || k.variant != v) {
     return Unsupported("kernel ", k.name, " implements ", op_name(k.op), "/", variant_name(k.variant),
                        ", the problem (scheme ", scheme_name(s.scheme), ") needs fused_moe/", variant_name(v));
   }
+  auto b = std::make_unique<MoeBench>();
+  MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
+  b->params = b->prob.params();
+  if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
   b->kernel_name = k.name;
   b->opts.kernel = b->kernel_name.c_str();
   size_t ws = 0;

@@ -240,7 +240,7 @@ const std::vector<OpHarness>& op_harnesses() {
       {OpKind::unshuffle_weight, check_unshuffle_weight, nullptr},
       {OpKind::quantize_fp8, check_quantize_fp8, nullptr},
       {OpKind::convert_fp8, check_convert_fp8, nullptr},
-      {OpKind::fused_moe, check_fused_moe, bench_fused_moe},
+      {OpKind::fused_moe, check_fused_moe, bench_fused_moe, bench_applies_fused_moe},
   };
   return kHooks;
 }

@@ -166,6 +166,9 @@ struct OpHarness {
   // Prepares a problem of `tokens` tokens for kernel k (nullptr when the op is not benchmarkable).
   Status (*prepare_bench)(const BenchRequest& req, int64_t tokens, const Kernel& k,
                           std::unique_ptr<BenchProblem>* out);
+  // Whether kernel k computes the problem `req` describes at all (e.g. a fused_moe kernel of
+  // another variant does not); nullptr = every kernel of the op. The bench lists only those.
+  bool (*bench_applies)(const BenchRequest& req, const Kernel& k) = nullptr;
 };
 const std::vector<OpHarness>& op_harnesses();
 const OpHarness* find_harness(OpKind op);
@@ -186,6 +189,7 @@ Status bench_grouped_topk(const BenchRequest&, int64_t, const Kernel&, std::uniq
 Status bench_sigmoid_topk(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 Status bench_sort_tokens(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 Status bench_fused_moe(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k);
 
 // Kernels of `op` that a check should run, given the backend filter.
 std::vector<const Kernel*> kernels_to_check(OpKind op, const CheckRequest& req);

@@ -276,7 +276,10 @@ int run_bench(const BenchArgs& a) {
         for (int64_t T : problems.tokens) {
           testing::MoeShape ms;
           (void)testing::resolve_shape(req, T, &ms);  // validated in parse_problem_set
+          testing::BenchRequest br;
+          br.shape = req;
           for (const Kernel* k : kernels) {
+            if (h->bench_applies != nullptr && !h->bench_applies(br, *k)) continue;
             Row r;
             r.op = op_name(op);
             r.kernel = k->name;
@@ -287,8 +290,6 @@ int run_bench(const BenchArgs& a) {
             r.floors = b == Backend::cuda ? device_floors(ms.scheme) : host_floors(host, ms.scheme);
             if (peak_gbps > 0) r.floors.gbps = {peak_gbps, "--peak-gbps"};
             if (peak_gflops > 0) r.floors.gflops = {peak_gflops, "--peak-gflops"};
-            testing::BenchRequest br;
-            br.shape = req;
             time_one(*h, br, *k, plan, &r);
             ran += r.status == "ok";
             errors += r.status == "error";
