@@ -9,37 +9,17 @@
 #include <cstring>
 #include <limits>
 
+#include "fused_moe_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
 namespace moekit::testing {
 namespace {
 
-MoeShape small_shape(Scheme scheme = Scheme::bf16, int64_t T = 7, int64_t E = 6, int64_t k = 2, int64_t H = 96,
-                     int64_t I = 64) {
-  MoeShape s;
-  s.label = "test";
-  s.scheme = scheme;
-  s.T = T;
-  s.E = E;
-  s.k = k;
-  s.H = H;
-  s.I = I;
-  return s;
-}
-
-MoeProblem make(const MoeShape& s, const MoeProblemOptions& o = {}, uint64_t seed = 1) {
-  MoeProblem p;
-  const Status st = make_moe_problem(s, o, seed, &p);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return p;
-}
-
-// Runs on prob and expects agreement with the oracle.
-void expect_matches_oracle(MoeProblem& prob, const RunOptions& opts = {}) {
-  std::string detail;
-  EXPECT_TRUE(run_against_oracle(prob, opts, &detail)) << detail;
-}
+using moe_test::expect_all_ok;
+using moe_test::expect_matches_oracle;
+using moe_test::make;
+using moe_test::small_shape;
 
 std::vector<double> row(const std::vector<double>& y, int64_t t, int64_t H) {
   return std::vector<double>(y.begin() + t * H, y.begin() + (t + 1) * H);
@@ -369,11 +349,6 @@ TEST(FusedMoe, RandomVsOracle) {
 }
 
 // ---------------------------------------------------------------- harness hook
-void expect_all_ok(const std::vector<CaseResult>& results) {
-  EXPECT_FALSE(results.empty());
-  for (const CaseResult& r : results) EXPECT_TRUE(r.ok) << r.kernel << " | " << r.name << " | " << r.detail;
-}
-
 TEST(FusedMoe, CheckHookEdgeCasesEachUnquantizedScheme) {
   for (Scheme sc : {Scheme::bf16, Scheme::f16, Scheme::f32}) {
     CheckRequest req;

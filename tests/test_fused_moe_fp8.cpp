@@ -9,37 +9,19 @@
 #include <cmath>
 #include <limits>
 
+#include "fused_moe_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
 namespace moekit::testing {
 namespace {
 
+using moe_test::expect_all_ok;
+using moe_test::expect_matches_oracle;
+using moe_test::make;
+using moe_test::small_shape;
+
 const Scheme kFp8Schemes[] = {Scheme::fp8_tensor, Scheme::fp8_channel, Scheme::fp8_block};
-
-MoeShape small_shape(Scheme scheme, int64_t T = 7, int64_t E = 6, int64_t k = 2, int64_t H = 96, int64_t I = 64) {
-  MoeShape s;
-  s.label = "test";
-  s.scheme = scheme;
-  s.T = T;
-  s.E = E;
-  s.k = k;
-  s.H = H;
-  s.I = I;
-  return s;
-}
-
-MoeProblem make(const MoeShape& s, const MoeProblemOptions& o = {}, uint64_t seed = 1) {
-  MoeProblem p;
-  const Status st = make_moe_problem(s, o, seed, &p);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return p;
-}
-
-void expect_matches_oracle(MoeProblem& prob, const RunOptions& opts = {}) {
-  std::string detail;
-  EXPECT_TRUE(run_against_oracle(prob, opts, &detail)) << detail;
-}
 
 // ---------------------------------------------------------------- variant selection (SPEC 6)
 TEST(FusedMoeFp8, VariantSelectionOrder) {
@@ -339,11 +321,6 @@ TEST(FusedMoeFp8, RandomVsOracle) {
 }
 
 // ---------------------------------------------------------------- harness hook
-void expect_all_ok(const std::vector<CaseResult>& results) {
-  EXPECT_FALSE(results.empty());
-  for (const CaseResult& r : results) EXPECT_TRUE(r.ok) << r.kernel << " | " << r.name << " | " << r.detail;
-}
-
 TEST(FusedMoeFp8, CheckHookEdgeCasesEachFp8Scheme) {
   for (Scheme sc : kFp8Schemes) {
     CheckRequest req;

@@ -6,24 +6,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moekit/ops/routing.h"
+#include "routing_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
 
 namespace moekit {
 namespace {
 
+using routing_test::expect_error;
+using routing_test::kInf;
+using routing_test::kNaN;
 using testing::Buffer;
 using testing::logits_from_rows;
 using testing::Rng;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
 
 Buffer bias_of(const std::vector<float>& v) {
   Buffer b(DType::f32, {int64_t(v.size())});
@@ -32,49 +32,23 @@ Buffer bias_of(const std::vector<float>& v) {
 }
 
 // Outputs poisoned with 0xAB, and the params pointing at them.
-struct Call {
-  Buffer w, ids;
-  GroupedTopkParams p;
+struct Call : routing_test::RoutingCall<GroupedTopkParams, grouped_topk> {
   Call(const Buffer& gating, int k, int n_group, int topk_group, Scoring scoring, const Buffer* bias = nullptr,
        bool renormalize = false, float rsf = 1.0f)
-      : w(DType::f32, {gating.view.shape[0], k}), ids(DType::i32, {gating.view.shape[0], k}) {
-    w.fill_bytes(0xAB);
-    ids.fill_bytes(0xAB);
-    p.gating = gating.view;
+      : RoutingCall(gating, k) {
     if (bias) p.correction_bias = bias->view;
-    p.k = k;
     p.n_group = n_group;
     p.topk_group = topk_group;
     p.scoring = scoring;
     p.renormalize = renormalize;
     p.routed_scaling_factor = rsf;
-    p.topk_weights = w.view;
-    p.topk_ids = ids.view;
-  }
-  Status run() { return grouped_topk(p); }
-  std::vector<int> row_ids(int64_t t) const {
-    std::vector<int> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
-    return v;
-  }
-  std::vector<float> row_w(int64_t t) const {
-    std::vector<float> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
-    return v;
   }
 };
 
 void expect_matches_oracle(Call& c, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_TRUE(c.run().ok());
-  const testing::RoutingExpect e = testing::oracle_grouped_topk(c.p);
-  const std::vector<int64_t> dims = {e.T, e.k};
-  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
-  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
-  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
-                                                     testing::kWeightRtol, dims);
-  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
-  EXPECT_TRUE(mw.finite);
+  c.expect_outputs_match(testing::oracle_grouped_topk(c.p));
 }
 
 // Random logits for a given configuration, rows redrawn until the oracle certifies them.
@@ -96,12 +70,6 @@ GroupedTopkParams config(int k, int n_group, int topk_group, Scoring scoring, co
   p.scoring = scoring;
   if (bias) p.correction_bias = bias->view;
   return p;
-}
-
-void expect_error(const Status& s, const std::string& needle) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
-  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

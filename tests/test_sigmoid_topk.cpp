@@ -5,73 +5,38 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moekit/ops/routing.h"
+#include "routing_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
 
 namespace moekit {
 namespace {
 
+using routing_test::expect_error;
+using routing_test::kInf;
+using routing_test::kNaN;
 using testing::Buffer;
 using testing::logits_from_rows;
 using testing::Rng;
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
 // Outputs poisoned with 0xAB, and the params pointing at them.
-struct Call {
-  Buffer w, ids;
-  SigmoidTopkParams p;
-  Call(const Buffer& gating, int k) : w(DType::f32, {gating.view.shape[0], k}), ids(DType::i32, {gating.view.shape[0], k}) {
-    w.fill_bytes(0xAB);
-    ids.fill_bytes(0xAB);
-    p.gating = gating.view;
-    p.k = k;
-    p.topk_weights = w.view;
-    p.topk_ids = ids.view;
-  }
-  Status run() { return sigmoid_topk(p); }
-  std::vector<int> row_ids(int64_t t) const {
-    std::vector<int> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
-    return v;
-  }
-  std::vector<float> row_w(int64_t t) const {
-    std::vector<float> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
-    return v;
-  }
-};
+using Call = routing_test::RoutingCall<SigmoidTopkParams, sigmoid_topk>;
 
 void expect_matches_oracle(Call& c, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_TRUE(c.run().ok());
-  const testing::RoutingExpect e = testing::oracle_sigmoid_topk(c.p);
-  const std::vector<int64_t> dims = {e.T, e.k};
-  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
-  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
-  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
-                                                     testing::kWeightRtol, dims);
-  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
-  EXPECT_TRUE(mw.finite);
+  c.expect_outputs_match(testing::oracle_sigmoid_topk(c.p));
 }
 
 // Raw logits compare exactly in every implementation: no certification needed.
 Buffer random_logits(uint64_t seed, int64_t T, int64_t E, DType dt, float grid = 1.0f / 256, int64_t stride = 0) {
   Rng rng(seed);
   return testing::random_logits(rng, T, E, dt, 2.0f, grid, stride);
-}
-
-void expect_error(const Status& s, const std::string& needle) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
-  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }

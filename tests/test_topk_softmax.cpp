@@ -5,51 +5,33 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moekit/ops/routing.h"
+#include "routing_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
 
 namespace moekit {
 namespace {
 
+using routing_test::expect_error;
+using routing_test::kInf;
+using routing_test::kNaN;
 using testing::Buffer;
 using testing::logits_from_rows;
 using testing::Rng;
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Outputs poisoned with 0xAB, and the params pointing at them.
-struct Call {
-  Buffer w, ids, tei;
-  TopkSoftmaxParams p;
+// Outputs (token_expert_indices too) poisoned with 0xAB, and the params pointing at them.
+struct Call : routing_test::RoutingCall<TopkSoftmaxParams, topk_softmax> {
+  Buffer tei;
   Call(const Buffer& gating, int k, bool renormalize = false, bool with_tei = true)
-      : w(DType::f32, {gating.view.shape[0], k}),
-        ids(DType::i32, {gating.view.shape[0], k}),
-        tei(DType::i32, {gating.view.shape[0], k}) {
-    for (Buffer* b : {&w, &ids, &tei}) b->fill_bytes(0xAB);
-    p.gating = gating.view;
-    p.k = k;
+      : RoutingCall(gating, k), tei(DType::i32, {gating.view.shape[0], k}) {
+    tei.fill_bytes(0xAB);
     p.renormalize = renormalize;
-    p.topk_weights = w.view;
-    p.topk_ids = ids.view;
     if (with_tei) p.token_expert_indices = tei.view;
-  }
-  Status run() { return topk_softmax(p); }
-  std::vector<int> row_ids(int64_t t) const {
-    std::vector<int> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(ids.data<int32_t>()[t * p.k + j]);
-    return v;
-  }
-  std::vector<float> row_w(int64_t t) const {
-    std::vector<float> v;
-    for (int j = 0; j < p.k; ++j) v.push_back(w.data<float>()[t * p.k + j]);
-    return v;
   }
 };
 
@@ -58,16 +40,10 @@ void expect_matches_oracle(Call& c, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_TRUE(c.run().ok());
   const testing::RoutingExpect e = testing::oracle_topk_softmax(c.p);
-  const std::vector<int64_t> dims = {e.T, e.k};
-  const testing::Metrics mi = testing::compare_exact(testing::to_ints(c.ids.view), e.ids, dims);
-  EXPECT_EQ(mi.mismatches, 0) << mi.worst;
-  const testing::Metrics mw = testing::compare_close(testing::to_doubles(c.w.view), e.weights, testing::kWeightAtol,
-                                                     testing::kWeightRtol, dims);
-  EXPECT_EQ(mw.mismatches, 0) << mw.worst;
-  EXPECT_TRUE(mw.finite);
+  c.expect_outputs_match(e);
   if (c.p.token_expert_indices.present()) {
     const testing::Metrics mt =
-        testing::compare_exact(testing::to_ints(c.tei.view), e.token_expert_indices, dims);
+        testing::compare_exact(testing::to_ints(c.tei.view), e.token_expert_indices, {e.T, e.k});
     EXPECT_EQ(mt.mismatches, 0) << mt.worst;
   }
 }
@@ -81,12 +57,6 @@ Buffer certified_logits(uint64_t seed, int64_t T, int64_t E, int k, DType dt, fl
     p.k = k;
     return testing::oracle_topk_softmax(p).min_rel_gap;
   });
-}
-
-void expect_error(const Status& s, const std::string& needle) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
-  EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
 }
 
 // ------------------------------------------------------------------ edge cases

@@ -102,4 +102,11 @@ Status same_device(const TensorView& ref, const char* ref_name, const TensorView
   return Status::Ok();
 }
 
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const unsigned char*>(a.data);
+  const auto* b0 = static_cast<const unsigned char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 }  // namespace moekit::check

@@ -30,4 +30,8 @@ Status layout_is(const TensorView& t, const char* name, Layout l);
 // All present tensors in the list live on the same device as `ref`.
 Status same_device(const TensorView& ref, const char* ref_name, const TensorView& t, const char* name);
 
+// Whether the byte ranges [data, data + nbytes) of two contiguous tensors intersect (an empty
+// tensor overlaps nothing). A predicate, not a Status: each op words its own aliasing rule.
+bool overlaps(const TensorView& a, const TensorView& b);
+
 }  // namespace moekit::check

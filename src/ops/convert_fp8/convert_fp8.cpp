@@ -22,16 +22,9 @@ std::string str(const Dims& d) {
   return os.str();
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const unsigned char*>(a.data);
-  const auto* b0 = static_cast<const unsigned char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // Exact aliasing (same start, same size) is allowed for elementwise ops; partial overlap is not.
 Status no_partial_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  if (overlaps(a, b) && !(a.data == b.data && a.nbytes() == b.nbytes())) {
+  if (check::overlaps(a, b) && !(a.data == b.data && a.nbytes() == b.nbytes())) {
     return InvalidArgument(a_name, ": must be the same buffer as ", b_name, " or not overlap it");
   }
   return Status::Ok();
@@ -74,7 +67,7 @@ Status validate_convert_fp8(const ConvertFp8Params& p) {
     MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.scale_out, "scale_out"));
     MOEKIT_RETURN_IF_ERROR(no_partial_overlap(p.scale_out, "scale_out", p.scale_in, "scale_in"));
     for (const TensorView* s : {&p.scale_in, &p.scale_out}) {
-      if (overlaps(*s, p.in) || overlaps(*s, p.out)) {
+      if (check::overlaps(*s, p.in) || check::overlaps(*s, p.out)) {
         return InvalidArgument(s == &p.scale_in ? "scale_in" : "scale_out", ": must not overlap in or out");
       }
     }

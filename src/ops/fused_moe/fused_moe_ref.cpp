@@ -137,29 +137,22 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
     moe::load_x_row(p.x, t, sc.xin);
     std::fill(sc.y, sc.y + d.H, 0.0f);
     for (int64_t j = 0; j < d.k; ++j) {
-      const int32_t id = ids[t * d.k + j];
-      const int32_t e = id < 0 ? -1 : sc.local[id];
+      const int32_t e = moe::local_expert(sc.local, ids[t * d.k + j]);
       if (e < 0) continue;  // -1 id or remote expert
-      const float w = wts[t * d.k + j];
+      const moe::SlotWeight w = moe::slot_weight(p, wts[t * d.k + j]);
       // Stage 1: h = w1[e] . x (f32), weight_on_input scales h (= g and u) by w.
       for (int64_t n = 0; n < d.N1; ++n) {
         moe::load_weight_row(p.w1, e, n, sc.wrow);
-        float acc = 0.0f;
-        for (int64_t c = 0; c < d.H; ++c) acc += sc.wrow[c] * sc.xin[c];
-        sc.h[n] = p.weight_on_input ? acc * w : acc;
+        sc.h[n] = moe::dot(sc.wrow, sc.xin, d.H) * w.in;
       }
-      for (int64_t i = 0; i < d.I; ++i) {
-        const float g = moe::activation(p.activation, sc.h[i]);
-        const float a = d.g1u1 ? g * sc.h[d.I + i] : g;
-        sc.a[i] = p.round_intermediate ? round_to(p.x.dtype, a) : a;
+      moe::act_and_mul(p.activation, d.g1u1, sc.h, d.I, sc.a);  // a = act(g) * u
+      if (p.round_intermediate) {
+        for (int64_t i = 0; i < d.I; ++i) sc.a[i] = round_to(p.x.dtype, sc.a[i]);
       }
       // Stage 2: y += w * (w2[e] . a) (no final weight with weight_on_input).
-      const float wy = p.weight_on_input ? 1.0f : w;
       for (int64_t hh = 0; hh < d.H; ++hh) {
         moe::load_weight_row(p.w2, e, hh, sc.wrow);
-        float acc = 0.0f;
-        for (int64_t i = 0; i < d.I; ++i) acc += sc.wrow[i] * sc.a[i];
-        sc.y[hh] += wy * acc;
+        sc.y[hh] += w.out * moe::dot(sc.wrow, sc.a, d.I);
       }
     }
     moe::store_out_row(p.out, t, sc.y);

@@ -49,6 +49,34 @@ inline float activation(Activation act, float z) {
   return z;
 }
 
+// g1u1: a[i] = act(h[i]) * h[I + i] (h = [g | u]); g1u0: a[i] = act(h[i]). i in [0, I).
+inline void act_and_mul(Activation act, bool g1u1, const float* h, int64_t I, float* a) {
+  for (int64_t i = 0; i < I; ++i) {
+    const float g = activation(act, h[i]);
+    a[i] = g1u1 ? g * h[I + i] : g;
+  }
+}
+
+// f32 dot product of a[0..n) and b[0..n), summed in index order.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// The local expert of a routed global id: -1 for a -1 id (slot unused) or a remote expert.
+inline int32_t local_expert(const int32_t* local, int32_t id) { return id < 0 ? -1 : local[id]; }
+
+// Where a slot's router weight w goes: on the expert's output, y += w * (w2[e] . a), or with
+// weight_on_input (SPEC 3.4) on its input, h = (w1[e] . x) * w; the other factor is 1.
+// NOTE: multiplying by 1.0f is exact, so the side without the weight keeps its value bit for bit.
+struct SlotWeight {
+  float in, out;
+};
+inline SlotWeight slot_weight(const FusedMoeParams& p, float w) {
+  return p.weight_on_input ? SlotWeight{w, 1.0f} : SlotWeight{1.0f, w};
+}
+
 // Decodes row n of expert e of a weight tensor [E, N, K] (any layout, any weight dtype; fp8 gives
 // the code VALUES, unscaled) into row[0..K).
 void load_weight_row(const TensorView& w, int64_t e, int64_t n, float* row);

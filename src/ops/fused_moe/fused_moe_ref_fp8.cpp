@@ -21,6 +21,7 @@ namespace moekit::ref {
 
 namespace {
 
+using moe::dot;
 using moe::Scratch;
 
 Status supports(const FusedMoeParams& p) {
@@ -31,12 +32,6 @@ Status supports(const FusedMoeParams& p) {
 }
 
 size_t workspace(const FusedMoeParams& p) { return moe::scratch_bytes(p); }
-
-float dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
 
 // fp8_row and fp8_row_tkw1 (weight_on_input decides).
 Status run_row(const FusedMoeParams& p, const RunContext& ctx) {
@@ -57,24 +52,19 @@ Status run_row(const FusedMoeParams& p, const RunContext& ctx) {
     }
     std::fill(sc.y, sc.y + d.H, 0.0f);
     for (int64_t j = 0; j < d.k; ++j) {
-      const int32_t id = ids[t * d.k + j];
-      const int32_t e = id < 0 ? -1 : sc.local[id];
-      if (e < 0) continue;
-      const float w = wts[t * d.k + j];
+      const int32_t e = moe::local_expert(sc.local, ids[t * d.k + j]);
+      if (e < 0) continue;  // -1 id or remote expert
+      const moe::SlotWeight w = moe::slot_weight(p, wts[t * d.k + j]);
       for (int64_t n = 0; n < d.N1; ++n) {
         moe::load_weight_row(p.w1, e, n, sc.wrow);
         const float h = dot(sc.wrow, sc.xin, d.H) * s_x * moe::row_scale(p.w1_scale, e, n, d.N1);
-        sc.h[n] = p.weight_on_input ? h * w : h;
+        sc.h[n] = h * w.in;
       }
-      for (int64_t i = 0; i < d.I; ++i) {
-        const float g = moe::activation(p.activation, sc.h[i]);
-        sc.a[i] = d.g1u1 ? g * sc.h[d.I + i] : g;
-      }
+      moe::act_and_mul(p.activation, d.g1u1, sc.h, d.I, sc.a);  // a = act(g) * u
       const float s_a = moe::quantize_row_fp8(sc.a, d.I, sc.a);  // in place: amax is read first
-      const float wy = p.weight_on_input ? 1.0f : w;
       for (int64_t c = 0; c < d.H; ++c) {
         moe::load_weight_row(p.w2, e, c, sc.wrow);
-        sc.y[c] += wy * (dot(sc.wrow, sc.a, d.I) * s_a * moe::row_scale(p.w2_scale, e, c, d.H));
+        sc.y[c] += w.out * (dot(sc.wrow, sc.a, d.I) * s_a * moe::row_scale(p.w2_scale, e, c, d.H));
       }
     }
     moe::store_out_row(p.out, t, sc.y);
@@ -115,24 +105,19 @@ Status run_block(const FusedMoeParams& p, const RunContext& ctx) {
     quantize_groups(sc.y, d.H, bk, sc.xin, sc.xscale);
     std::fill(sc.y, sc.y + d.H, 0.0f);
     for (int64_t j = 0; j < d.k; ++j) {
-      const int32_t id = ids[t * d.k + j];
-      const int32_t e = id < 0 ? -1 : sc.local[id];
-      if (e < 0) continue;
-      const float w = wts[t * d.k + j];
+      const int32_t e = moe::local_expert(sc.local, ids[t * d.k + j]);
+      if (e < 0) continue;  // -1 id or remote expert
+      const moe::SlotWeight w = moe::slot_weight(p, wts[t * d.k + j]);
       for (int64_t n = 0; n < d.N1; ++n) {
         moe::load_weight_row(p.w1, e, n, sc.wrow);
         const float h = block_row_dot(sc.wrow, sc.xin, sc.xscale, p.w1_scale, e, n, d.N1, d.H, bn, bk);
-        sc.h[n] = p.weight_on_input ? h * w : h;
+        sc.h[n] = h * w.in;
       }
-      for (int64_t i = 0; i < d.I; ++i) {
-        const float g = moe::activation(p.activation, sc.h[i]);
-        sc.a[i] = d.g1u1 ? g * sc.h[d.I + i] : g;
-      }
+      moe::act_and_mul(p.activation, d.g1u1, sc.h, d.I, sc.a);  // a = act(g) * u
       quantize_groups(sc.a, d.I, bk, sc.a, sc.ascale);
-      const float wy = p.weight_on_input ? 1.0f : w;
       for (int64_t c = 0; c < d.H; ++c) {
         moe::load_weight_row(p.w2, e, c, sc.wrow);
-        sc.y[c] += wy * block_row_dot(sc.wrow, sc.a, sc.ascale, p.w2_scale, e, c, d.H, d.I, bn, bk);
+        sc.y[c] += w.out * block_row_dot(sc.wrow, sc.a, sc.ascale, p.w2_scale, e, c, d.H, d.I, bn, bk);
       }
     }
     moe::store_out_row(p.out, t, sc.y);

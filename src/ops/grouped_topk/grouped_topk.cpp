@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "moekit/ops/routing.h"
+#include "ops/routing_checks.h"
 
 namespace moekit {
 
@@ -17,12 +18,8 @@ const char* scoring_name(Scoring s) {
 }
 
 Status validate_grouped_topk(const GroupedTopkParams& p) {
-  MOEKIT_RETURN_IF_ERROR(check::present(p.gating, "gating"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.gating, "gating", {DType::f32, DType::bf16, DType::f16}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.gating, "gating", {-1, -1}));
-  MOEKIT_RETURN_IF_ERROR(check::row_strided(p.gating, "gating"));
-  const int64_t T = p.gating.shape[0], Eg = p.gating.shape[1];
-  if (Eg < 1) return InvalidArgument("gating: number of experts (dim 1) must be >= 1, got ", Eg);
+  MOEKIT_RETURN_IF_ERROR(check::routing_gating(p.gating));
+  const int64_t Eg = p.gating.shape[1];
   if (p.n_group < 1) return InvalidArgument("n_group: must be >= 1, got ", p.n_group);
   if (Eg % p.n_group != 0) {
     return InvalidArgument("n_group: Eg=", Eg, " is not divisible by n_group=", p.n_group);
@@ -48,16 +45,7 @@ Status validate_grouped_topk(const GroupedTopkParams& p) {
     MOEKIT_RETURN_IF_ERROR(check::contiguous(p.correction_bias, "correction_bias"));
     MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.correction_bias, "correction_bias"));
   }
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_weights, "topk_weights", {DType::f32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_weights, "topk_weights", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_ids, "topk_ids", {DType::i32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_ids, "topk_ids", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_ids, "topk_ids"));
+  MOEKIT_RETURN_IF_ERROR(check::routing_outputs(p.gating, p.topk_weights, p.topk_ids, p.k));
   return Status::Ok();
 }
 

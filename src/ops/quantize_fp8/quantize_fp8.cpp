@@ -35,13 +35,6 @@ std::string str(const Dims& d) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const unsigned char*>(a.data);
-  const auto* b0 = static_cast<const unsigned char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // The scale shapes a granularity accepts for `in` (first = canonical).
 std::vector<Dims> accepted_scale_shapes(const QuantizeFp8Params& p) {
   const Dims in = dims_of(p.in);
@@ -88,7 +81,7 @@ Status validate_quantize_fp8(const QuantizeFp8Params& p) {
   }
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.out, "out"));
   MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.out, "out"));
-  if (overlaps(p.in, p.out)) return InvalidArgument("out: must not overlap in");
+  if (check::overlaps(p.in, p.out)) return InvalidArgument("out: must not overlap in");
 
   const QuantGranularity g = p.granularity;
   if (g != QuantGranularity::per_tensor && g != QuantGranularity::per_row &&
@@ -121,7 +114,7 @@ Status validate_quantize_fp8(const QuantizeFp8Params& p) {
   }
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.scale, "scale"));
   MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.scale, "scale"));
-  if (overlaps(p.scale, p.in) || overlaps(p.scale, p.out)) {
+  if (check::overlaps(p.scale, p.in) || check::overlaps(p.scale, p.out)) {
     return InvalidArgument("scale: must not overlap in or out");
   }
   return Status::Ok();

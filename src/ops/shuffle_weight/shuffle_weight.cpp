@@ -17,14 +17,6 @@ std::string dims_of(const TensorView& t) {
   return os.str();
 }
 
-// Whether the byte ranges of two contiguous tensors intersect.
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const unsigned char*>(a.data);
-  const auto* b0 = static_cast<const unsigned char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 std::string shape_key(const ShuffleWeightParams& p) {
   std::ostringstream os;
   os << dims_of(p.in) << ' ' << dtype_name(p.in.dtype);
@@ -63,7 +55,7 @@ Status validate_shuffle_weight(const ShuffleWeightParams& p, bool inverse) {
   const Layout plain = Layout::row_major, shuffled = Layout::shuffled_16x16;
   MOEKIT_RETURN_IF_ERROR(check::layout_is(p.in, "in", inverse ? shuffled : plain));
   MOEKIT_RETURN_IF_ERROR(check::layout_is(p.out, "out", inverse ? plain : shuffled));
-  if (overlaps(p.in, p.out)) {
+  if (check::overlaps(p.in, p.out)) {
     return InvalidArgument("out: must not overlap in (the permutation is not in-place), out=", p.out.data,
                            " in=", p.in.data, " (", p.in.nbytes(), " bytes)");
   }

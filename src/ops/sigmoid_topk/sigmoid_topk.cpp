@@ -2,29 +2,16 @@
 // Test: tests/test_sigmoid_topk.cpp.
 #include <sstream>
 
-#include "core/check.h"
 #include "moekit/ops/routing.h"
+#include "ops/routing_checks.h"
 
 namespace moekit {
 
 Status validate_sigmoid_topk(const SigmoidTopkParams& p) {
-  MOEKIT_RETURN_IF_ERROR(check::present(p.gating, "gating"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.gating, "gating", {DType::f32, DType::bf16, DType::f16}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.gating, "gating", {-1, -1}));
-  MOEKIT_RETURN_IF_ERROR(check::row_strided(p.gating, "gating"));
-  const int64_t T = p.gating.shape[0], Eg = p.gating.shape[1];
-  if (Eg < 1) return InvalidArgument("gating: number of experts (dim 1) must be >= 1, got ", Eg);
+  MOEKIT_RETURN_IF_ERROR(check::routing_gating(p.gating));
+  const int64_t Eg = p.gating.shape[1];
   if (p.k < 1 || p.k > Eg) return InvalidArgument("k: must be in [1, Eg=", Eg, "], got ", p.k);
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_weights, "topk_weights", {DType::f32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_weights, "topk_weights", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_ids, "topk_ids", {DType::i32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_ids, "topk_ids", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_ids, "topk_ids"));
+  MOEKIT_RETURN_IF_ERROR(check::routing_outputs(p.gating, p.topk_weights, p.topk_ids, p.k));
   return Status::Ok();
 }
 

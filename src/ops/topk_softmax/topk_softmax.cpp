@@ -5,27 +5,15 @@
 
 #include "core/check.h"
 #include "moekit/ops/routing.h"
+#include "ops/routing_checks.h"
 
 namespace moekit {
 
 Status validate_topk_softmax(const TopkSoftmaxParams& p) {
-  MOEKIT_RETURN_IF_ERROR(check::present(p.gating, "gating"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.gating, "gating", {DType::f32, DType::bf16, DType::f16}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.gating, "gating", {-1, -1}));
-  MOEKIT_RETURN_IF_ERROR(check::row_strided(p.gating, "gating"));
+  MOEKIT_RETURN_IF_ERROR(check::routing_gating(p.gating));
   const int64_t T = p.gating.shape[0], Eg = p.gating.shape[1];
-  if (Eg < 1) return InvalidArgument("gating: number of experts (dim 1) must be >= 1, got ", Eg);
   if (p.k < 1 || p.k > Eg) return InvalidArgument("k: must be in [1, Eg=", Eg, "], got ", p.k);
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_weights, "topk_weights", {DType::f32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_weights, "topk_weights", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::present(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.topk_ids, "topk_ids", {DType::i32}));
-  MOEKIT_RETURN_IF_ERROR(check::shape_is(p.topk_ids, "topk_ids", {T, p.k}));
-  MOEKIT_RETURN_IF_ERROR(check::contiguous(p.topk_ids, "topk_ids"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.topk_ids, "topk_ids"));
+  MOEKIT_RETURN_IF_ERROR(check::routing_outputs(p.gating, p.topk_weights, p.topk_ids, p.k));
   if (p.token_expert_indices.present()) {
     MOEKIT_RETURN_IF_ERROR(check::well_formed(p.token_expert_indices, "token_expert_indices"));
     MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.token_expert_indices, "token_expert_indices", {DType::i32}));
