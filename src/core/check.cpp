@@ -1,9 +1,18 @@
 // Argument checks shared by the ops' validation (src/core/check.h).
 #include "core/check.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace moekit::check {
+
+std::string dims_str(const Dims& d) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? ", " : "") << d[i];
+  os << ']';
+  return os.str();
+}
 
 std::string shape_str(std::initializer_list<int64_t> dims) {
   std::ostringstream os;
@@ -20,11 +29,7 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
 
 namespace {
 std::string actual_shape(const TensorView& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < t.ndim && i < kMaxDims; ++i) os << (i ? ", " : "") << t.shape[i];
-  os << ']';
-  return os.str();
+  return dims_str(Dims(t.shape, t.shape + std::min(std::max(t.ndim, 0), kMaxDims)));
 }
 }  // namespace
 

@@ -7,11 +7,18 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "moekit/core/status.h"
 #include "moekit/core/tensor_view.h"
 
 namespace moekit::check {
+
+using Dims = std::vector<int64_t>;
+// The shape of t as a vector (empty for an absent tensor).
+inline Dims dims_of(const TensorView& t) { return Dims(t.shape, t.shape + (t.ndim > 0 ? t.ndim : 0)); }
+// "[4, 2]"
+std::string dims_str(const Dims& d);
 
 // "[4, 2]" with -1 printed as "*".
 std::string shape_str(std::initializer_list<int64_t> dims);

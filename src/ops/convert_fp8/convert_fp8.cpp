@@ -10,17 +10,8 @@ namespace moekit {
 
 namespace {
 
-using Dims = std::vector<int64_t>;
-
-Dims dims_of(const TensorView& t) { return Dims(t.shape, t.shape + (t.ndim > 0 ? t.ndim : 0)); }
-
-std::string str(const Dims& d) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < d.size(); ++i) os << (i ? ", " : "") << d[i];
-  os << ']';
-  return os.str();
-}
+using check::Dims;
+using check::dims_of;
 
 // Exact aliasing (same start, same size) is allowed for elementwise ops; partial overlap is not.
 Status no_partial_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
@@ -43,7 +34,7 @@ Status validate_convert_fp8(const ConvertFp8Params& p) {
                            dtype_name(p.in.dtype), "), got ", dtype_name(p.out.dtype));
   }
   if (dims_of(p.out) != dims_of(p.in)) {
-    return InvalidArgument("out: shape must equal in's ", str(dims_of(p.in)), ", got ", str(dims_of(p.out)));
+    return InvalidArgument("out: shape must equal in's ", check::dims_str(dims_of(p.in)), ", got ", check::dims_str(dims_of(p.out)));
   }
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.out, "out"));
   MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.out, "out"));
@@ -59,8 +50,8 @@ Status validate_convert_fp8(const ConvertFp8Params& p) {
     MOEKIT_RETURN_IF_ERROR(check::well_formed(p.scale_out, "scale_out"));
     MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.scale_out, "scale_out", {DType::f32}));
     if (dims_of(p.scale_out) != dims_of(p.scale_in)) {
-      return InvalidArgument("scale_out: shape must equal scale_in's ", str(dims_of(p.scale_in)), ", got ",
-                             str(dims_of(p.scale_out)));
+      return InvalidArgument("scale_out: shape must equal scale_in's ", check::dims_str(dims_of(p.scale_in)), ", got ",
+                             check::dims_str(dims_of(p.scale_out)));
     }
     MOEKIT_RETURN_IF_ERROR(check::contiguous(p.scale_out, "scale_out"));
     MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.scale_in, "scale_in"));
@@ -82,7 +73,7 @@ Status convert_fp8(const ConvertFp8Params& p, const RunOptions& opts) {
     return Status::Ok();
   }
   std::ostringstream key;
-  key << str(dims_of(p.in)) << ' ' << dtype_name(p.in.dtype) << "->" << dtype_name(p.out.dtype)
+  key << check::dims_str(dims_of(p.in)) << ' ' << dtype_name(p.in.dtype) << "->" << dtype_name(p.out.dtype)
       << " scales " << p.scale_in.numel();
   return dispatch(OpKind::convert_fp8, MoeVariant::none, &p, opts, key.str());
 }

@@ -21,17 +21,8 @@ const char* granularity_name(QuantGranularity g) {
 
 namespace {
 
-using Dims = std::vector<int64_t>;
-
-Dims dims_of(const TensorView& t) { return Dims(t.shape, t.shape + (t.ndim > 0 ? t.ndim : 0)); }
-
-std::string str(const Dims& d) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < d.size(); ++i) os << (i ? ", " : "") << d[i];
-  os << ']';
-  return os.str();
-}
+using check::Dims;
+using check::dims_of;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -77,7 +68,7 @@ Status validate_quantize_fp8(const QuantizeFp8Params& p) {
   MOEKIT_RETURN_IF_ERROR(check::present(p.out, "out"));
   MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.out, "out", {DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}));
   if (dims_of(p.out) != dims_of(p.in)) {
-    return InvalidArgument("out: shape must equal in's ", str(dims_of(p.in)), ", got ", str(dims_of(p.out)));
+    return InvalidArgument("out: shape must equal in's ", check::dims_str(dims_of(p.in)), ", got ", check::dims_str(dims_of(p.out)));
   }
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.out, "out"));
   MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.out, "out"));
@@ -94,7 +85,7 @@ Status validate_quantize_fp8(const QuantizeFp8Params& p) {
   if (g == QuantGranularity::block) {
     if (p.block_n < 1) return InvalidArgument("block_n: must be >= 1, got ", p.block_n);
     if (p.in.ndim < 2) {
-      return InvalidArgument("in: block granularity needs [..., N, K] (>= 2 dims), got ", str(dims_of(p.in)));
+      return InvalidArgument("in: block granularity needs [..., N, K] (>= 2 dims), got ", check::dims_str(dims_of(p.in)));
     }
   }
   if (p.static_scale && g != QuantGranularity::per_tensor) {
@@ -108,9 +99,9 @@ Status validate_quantize_fp8(const QuantizeFp8Params& p) {
   for (const Dims& d : shapes) shape_ok = shape_ok || d == dims_of(p.scale);
   if (!shape_ok) {
     std::string want;
-    for (const Dims& d : shapes) want += (want.empty() ? "" : " or ") + str(d);
+    for (const Dims& d : shapes) want += (want.empty() ? "" : " or ") + check::dims_str(d);
     return InvalidArgument("scale: shape must be ", want, " for ", granularity_name(g), " of in ",
-                           str(dims_of(p.in)), ", got ", str(dims_of(p.scale)));
+                           check::dims_str(dims_of(p.in)), ", got ", check::dims_str(dims_of(p.scale)));
   }
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.scale, "scale"));
   MOEKIT_RETURN_IF_ERROR(check::same_device(p.in, "in", p.scale, "scale"));
@@ -124,7 +115,7 @@ Status quantize_fp8(const QuantizeFp8Params& p, const RunOptions& opts) {
   MOEKIT_RETURN_IF_ERROR(validate_quantize_fp8(p));
   if (p.in.numel() == 0) return Status::Ok();  // nothing to quantize: out and scale untouched
   std::ostringstream key;
-  key << str(dims_of(p.in)) << ' ' << dtype_name(p.in.dtype) << "->" << dtype_name(p.out.dtype) << ' '
+  key << check::dims_str(dims_of(p.in)) << ' ' << dtype_name(p.in.dtype) << "->" << dtype_name(p.out.dtype) << ' '
       << granularity_name(p.granularity);
   if (p.granularity == QuantGranularity::per_token_group) key << " 1x" << p.group_k;
   if (p.granularity == QuantGranularity::block) key << ' ' << p.block_n << 'x' << p.group_k;
