@@ -93,12 +93,28 @@ Status erase_run(const void* p, const RunContext& ctx) {
   return F(*static_cast<const P*>(p), ctx);
 }
 
+// Memory and timing operations of a device backend (the CUDA backend registers them), so front ends
+// and tests move data and time device work without including device headers. All synchronous
+// unless stated.
+struct DeviceOps {
+  Status (*alloc)(size_t bytes, void** out);
+  void (*free)(void* p);
+  Status (*copy_to_device)(void* dst, const void* src, size_t bytes);
+  Status (*copy_to_host)(void* dst, const void* src, size_t bytes);
+  Status (*memset)(void* dst, int value, size_t bytes);
+  Status (*synchronize)();
+  // Short description of the device ("NVIDIA H200, 132 SMs, 60 MiB L2, sm_90").
+  std::string (*describe)();
+};
+
 class Registry {
  public:
   void add(const Kernel& k);
   // Availability of a whole backend (e.g. "no CUDA device", "CPU lacks avx512bf16").
   void set_backend_probe(Backend b, Status (*probe)());
   Status backend_available(Backend b) const;
+  void set_device_ops(Backend b, const DeviceOps* ops);
+  const DeviceOps* device_ops(Backend b) const;  // nullptr for host backends
 
   const std::vector<Kernel>& kernels() const { return kernels_; }
   const Kernel* find(const std::string& name) const;
@@ -115,6 +131,7 @@ class Registry {
  private:
   std::vector<Kernel> kernels_;
   Status (*probes_[kNumBackends])() = {nullptr, nullptr, nullptr};
+  const DeviceOps* device_ops_[kNumBackends] = {nullptr, nullptr, nullptr};
 };
 
 // The process-wide registry with every compiled backend registered.

@@ -76,6 +76,10 @@ Status Registry::backend_available(Backend b) const {
   return probe();
 }
 
+void Registry::set_device_ops(Backend b, const DeviceOps* ops) { device_ops_[int(b)] = ops; }
+
+const DeviceOps* Registry::device_ops(Backend b) const { return device_ops_[int(b)]; }
+
 const Kernel* Registry::find(const std::string& name) const {
   for (const Kernel& k : kernels_) {
     if (name == k.name) return &k;

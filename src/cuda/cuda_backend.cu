@@ -1,8 +1,13 @@
-// CUDA backend registration for Hopper (sm_90a). The kernels arrive with their own issues; this
-// file holds the plumbing: the device probe and the (so far empty) kernel table.
+// CUDA backend registration for Hopper (sm_90a): the device probe, the device memory operations
+// the harness and CLI use (DeviceOps), and the kernel table (rows added by each op's _sm90.cu file
+// through the hooks in cuda/cuda_kernels.h).
 #include <cuda_runtime.h>
 
+#include <sstream>
+
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_utils.h"
 
 namespace moekit::cuda {
 
@@ -26,8 +31,45 @@ Status probe() {
   return Status::Ok();
 }
 
+Status dev_alloc(size_t bytes, void** out) {
+  *out = nullptr;
+  if (bytes == 0) return Status::Ok();
+  return check_cuda(cudaMalloc(out, bytes), "cudaMalloc");
+}
+void dev_free(void* p) {
+  if (p != nullptr) cudaFree(p);
+}
+Status to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  return check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+}
+Status to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  return check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+Status dev_memset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  return check_cuda(cudaMemset(dst, value, bytes), "cudaMemset");
+}
+Status dev_sync() { return check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+std::string describe() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "no device";
+  std::ostringstream os;
+  os << prop.name << ", " << prop.multiProcessorCount << " SMs, " << (prop.l2CacheSize >> 20) << " MiB L2, sm_"
+     << prop.major << prop.minor;
+  return os.str();
+}
+
+const DeviceOps kOps = {dev_alloc, dev_free, to_device, to_host, dev_memset, dev_sync, describe};
+
 }  // namespace
 
-void register_kernels(Registry& r) { r.set_backend_probe(Backend::cuda, probe); }
+void register_kernels(Registry& r) {
+  r.set_backend_probe(Backend::cuda, probe);
+  r.set_device_ops(Backend::cuda, &kOps);
+  register_cuda_kernels(r);
+}
 
 }  // namespace moekit::cuda

@@ -31,6 +31,56 @@ Buffer& Buffer::operator=(const Buffer& o) {
 
 void Buffer::fill_bytes(unsigned char b) { std::memset(bytes.data(), b, bytes.size()); }
 
+// ---------------------------------------------------------------- DeviceMirror
+size_t extent_bytes(const TensorView& t) {
+  if (!t.present() || t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.stride[i];
+  return size_t(last + 1) * size_t(dtype_size(t.dtype));
+}
+
+DeviceMirror::DeviceMirror(Backend b) : ops_(registry().device_ops(b)), backend_(b) {}
+
+DeviceMirror::~DeviceMirror() {
+  for (void* p : allocs_) ops_->free(p);
+}
+
+Status DeviceMirror::input(TensorView* t) {
+  if (ops_ == nullptr || !t->present() || t->device != Device::cpu) return Status::Ok();
+  const size_t bytes = extent_bytes(*t);
+  void* dev = nullptr;
+  if (bytes > 0) {
+    MOEKIT_RETURN_IF_ERROR(ops_->alloc(bytes, &dev));
+    allocs_.push_back(dev);
+    MOEKIT_RETURN_IF_ERROR(ops_->copy_to_device(dev, t->data, bytes));
+  }
+  t->data = dev;
+  t->device = backend_ == Backend::cuda ? Device::cuda : t->device;
+  return Status::Ok();
+}
+
+Status DeviceMirror::output(TensorView* t) {
+  void* host = t->data;
+  MOEKIT_RETURN_IF_ERROR(input(t));
+  if (ops_ != nullptr && t->data != host) outs_.push_back({host, t->data, extent_bytes(*t)});
+  return Status::Ok();
+}
+
+Status DeviceMirror::scratch(size_t bytes, void** out) {
+  *out = nullptr;
+  if (ops_ == nullptr || bytes == 0) return Status::Ok();
+  MOEKIT_RETURN_IF_ERROR(ops_->alloc(bytes, out));
+  allocs_.push_back(*out);
+  return Status::Ok();
+}
+
+Status DeviceMirror::copy_back() {
+  if (ops_ == nullptr) return Status::Ok();
+  MOEKIT_RETURN_IF_ERROR(ops_->synchronize());
+  for (const Out& o : outs_) MOEKIT_RETURN_IF_ERROR(ops_->copy_to_host(o.host, o.dev, o.bytes));
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------- Rng
 float Rng::uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
 float Rng::normal(float mean, float stddev) { return std::normal_distribution<float>(mean, stddev)(gen); }

@@ -56,6 +56,41 @@ struct Rng {
   void fill_uniform(Buffer& b, float lo, float hi);
 };
 
+// ---------------------------------------------------------------- device mirroring
+// Moves a problem's tensors to the device of a kernel's backend and its outputs back, through the
+// backend's DeviceOps (registry.h); a no-op for host backends. Frees everything it allocated.
+class DeviceMirror {
+ public:
+  explicit DeviceMirror(Backend b);
+  ~DeviceMirror();
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+
+  bool on_device() const { return ops_ != nullptr; }
+  // Replaces the host view *t by a device copy of its whole strided extent (absent views and
+  // host backends: unchanged).
+  Status input(TensorView* t);
+  // Same, and copy_back() later writes the device contents back into the host view's memory. The
+  // device copy starts equal to the host bytes, so poison / row padding checks still see them.
+  Status output(TensorView* t);
+  // `bytes` of scratch on the device (host backends: *out = nullptr).
+  Status scratch(size_t bytes, void** out);
+  Status copy_back();
+
+ private:
+  struct Out {
+    void* host;
+    void* dev;
+    size_t bytes;
+  };
+  const DeviceOps* ops_ = nullptr;
+  Backend backend_;
+  std::vector<void*> allocs_;
+  std::vector<Out> outs_;
+};
+// Bytes spanned by a strided view (0 when empty).
+size_t extent_bytes(const TensorView& t);
+
 // ---------------------------------------------------------------- metrics
 struct Metrics {
   int64_t count = 0;        // elements compared

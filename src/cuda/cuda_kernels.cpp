@@ -1,0 +1,20 @@
+// The CUDA kernel table: calls each op's registration hook (added as kernels land).
+#include "cuda/cuda_kernels.h"
+
+#include "moekit/core/tensor_view.h"
+
+namespace moekit::cuda {
+
+Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors) {
+  for (const auto& [name, p] : tensors) {
+    const auto* t = static_cast<const TensorView*>(p);
+    if (t->present() && t->device != Device::cuda) {
+      return Unsupported("CUDA kernels need device tensors; ", name, " is on ", device_name(t->device));
+    }
+  }
+  return Status::Ok();
+}
+
+void register_cuda_kernels(Registry& r) { (void)r; }
+
+}  // namespace moekit::cuda

@@ -1,0 +1,14 @@
+// The CUDA backend's per-op registration hooks: each src/ops/<op>/<op>_sm90.cu adds its rows.
+#pragma once
+
+#include "moekit/registry.h"
+
+namespace moekit::cuda {
+
+// Adds every CUDA kernel (cuda_kernels.cpp calls the per-op hooks below).
+void register_cuda_kernels(Registry& r);
+
+// Device tensors required: returns unsupported naming the first host tensor.
+Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors);
+
+}  // namespace moekit::cuda
