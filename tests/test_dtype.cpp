@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -27,8 +28,12 @@ uint32_t bits(float f) { return dtype_detail::f32_bits(f); }
 
 const nlohmann::json& golden() {
   static const nlohmann::json j = [] {
-    std::ifstream f(MOEKIT_TEST_DATA_DIR "/dtype_golden.json");
-    EXPECT_TRUE(f.good()) << "cannot open " MOEKIT_TEST_DATA_DIR "/dtype_golden.json";
+    // NOTE: MOEKIT_TEST_DATA_DIR in the environment overrides the build-time path, so a test binary
+    // copied to another machine (the GPU runs) still finds its data.
+    const char* env = std::getenv("MOEKIT_TEST_DATA_DIR");
+    const std::string path = std::string(env && *env ? env : MOEKIT_TEST_DATA_DIR) + "/dtype_golden.json";
+    std::ifstream f(path);
+    EXPECT_TRUE(f.good()) << "cannot open " << path;
     return f.good() ? nlohmann::json::parse(f) : nlohmann::json::object();
   }();
   return j;

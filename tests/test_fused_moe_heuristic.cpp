@@ -1,0 +1,43 @@
+// The fused_moe strategy heuristic (src/ops/fused_moe/fused_moe_heuristic.h) on the shapes of
+// ANCHORS.md: decode shapes go to small_m, prefill shapes to the grouped GEMM.
+#include <gtest/gtest.h>
+
+#include "ops/fused_moe/fused_moe_heuristic.h"
+
+namespace moekit {
+namespace {
+
+MoeStrategy pick(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy(T, k, E).strategy; }
+
+TEST(FusedMoeHeuristic, RowsPerTouchedExpert) {
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(1, 2, 8).rows_per_expert, 1.0);    // 2 entries on 2 experts
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(64, 2, 8).rows_per_expert, 16.0);  // 128 entries on 8
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(4, 8, 256).rows_per_expert, 1.0);  // 32 entries, 32 experts
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(0, 8, 256).rows_per_expert, 0.0);
+}
+
+TEST(FusedMoeHeuristic, AnchorShapes) {
+  // Mixtral (E 8, k 2): 1 and 2 rows per expert at T = 1, 8 are decode; T = 64 (16 rows) GEMM.
+  EXPECT_EQ(pick(1, 2, 8), MoeStrategy::small_m);
+  EXPECT_EQ(pick(8, 2, 8), MoeStrategy::small_m);
+  EXPECT_EQ(pick(32, 2, 8), MoeStrategy::small_m);  // exactly 8 rows
+  EXPECT_EQ(pick(33, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(64, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(4096, 2, 8), MoeStrategy::grouped_gemm);
+  // DeepSeek-V3 (E 256, k 8): 2 rows per expert at T = 64, 16 at T = 512.
+  EXPECT_EQ(pick(1, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick(64, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick(512, 8, 256), MoeStrategy::grouped_gemm);
+  // Qwen3-30B-A3B (E 128, k 8): 4 rows at T = 64, 32 at T = 512.
+  EXPECT_EQ(pick(64, 8, 128), MoeStrategy::small_m);
+  EXPECT_EQ(pick(512, 8, 128), MoeStrategy::grouped_gemm);
+}
+
+TEST(FusedMoeHeuristic, NamesAndReasons) {
+  EXPECT_STREQ(moe_strategy_name(MoeStrategy::small_m), "small_m");
+  EXPECT_STREQ(moe_strategy_name(MoeStrategy::grouped_gemm), "grouped_gemm");
+  EXPECT_NE(choose_moe_strategy(1, 1, 1).reason, nullptr);
+}
+
+}  // namespace
+}  // namespace moekit
