@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs the whole CUDA validation and benchmark on the GPU machine, from the repository root, with
+# the binaries staged by scripts/gpu_build.sh in .gpu/. Writes logs, JSON and a CSV to $OUT
+# (default out/): summary.txt first. Each step has its own time limit so a hang cannot eat the run.
+#   STEPS="tests check sanitize bench" (default: all)   BENCH_TOKENS=1,8,64,512,4096
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+B=.gpu
+export MOEKIT_TEST_DATA_DIR=$PWD/tests/data
+STEPS=${STEPS:-"tests check sanitize bench"}
+TOKENS=${BENCH_TOKENS:-1,8,64,512,4096}
+S="$OUT/summary.txt"
+: > "$S"
+say() { echo "$*" | tee -a "$S"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+CUDA_FILTER='*Cuda*:*cuda*:*Sm90*:*sm90*:*Graph*:*Baseline*'
+
+say "# moekit GPU run $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$S"
+timeout 60 $B/moekit ops > "$OUT/ops.txt" 2>&1
+grep -E "^  (ref|cpu|cuda) " "$OUT/ops.txt" | tee -a "$S"
+
+if has tests; then
+  timeout 900 $B/moekit_tests --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "$OUT/tests.log" | head -40 | tee -a "$S"
+fi
+
+if has check; then
+  : > "$OUT/check.log"
+  for m in mixtral deepseek-v3 llama4 qwen3-moe; do
+    timeout 600 $B/moekit check --op all --backend cuda --model "$m" >> "$OUT/check.log" 2>&1
+    say "check cuda $m rc=$? $(tail -1 "$OUT/check.log")"
+  done
+  grep -E " FAIL " "$OUT/check.log" | head -30 | tee -a "$S"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 900 compute-sanitizer --tool "$tool" --error-exitcode 99 $B/moekit_tests --gtest_brief=1 \
+      --gtest_filter="$CUDA_FILTER" > "$OUT/sanitize_$tool.log" 2>&1
+    say "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+  done
+fi
+
+if has bench; then
+  for m in mixtral deepseek-v3 qwen3-moe; do
+    timeout 900 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+      --scheme bf16 --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
+    say "bench $m rc=$?"
+  done
+  python3 - "$OUT" <<'PY' | tee -a "$S"
+import csv, json, sys, glob, os
+out = sys.argv[1]
+rows = []
+for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    try:
+        rows += [dict(r, model=os.path.basename(f)[6:-5]) for r in json.load(open(f))]
+    except Exception as e:
+        print(f"{f}: {e}")
+keys = ["model", "kernel", "scheme", "tokens", "time_us", "tflops", "gbps", "mem_floor_us",
+        "compute_floor_us", "frac_floor", "baseline_us", "vs_baseline", "status"]
+with open(os.path.join(out, "bench.csv"), "w", newline="") as fh:
+    w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+for r in rows:
+    print(" ".join(f"{k}={r.get(k)}" for k in keys))
+PY
+fi
+say "# done $(date -u +%FT%TZ)"
