@@ -405,11 +405,11 @@ __global__ void __launch_bounds__(kThreads) down_kernel(const Args p) {
 }
 
 // ---------------------------------------------------------------- stage 3: weighted sum over k
-// Grid (ceil(H / 8 / 128), T); each thread makes 8 outputs of one token.
+// Grid (T, ceil(H / 8 / 128)); each thread makes 8 outputs of one token.
 template <class T>
 __global__ void __launch_bounds__(128) combine_kernel(const Args p) {
-  const int t = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;  // 8-element chunk of the row
+  const int t = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;  // 8-element chunk of the row
   if (c * 8 >= p.H) return;
   float acc[8] = {};
   for (int j = 0; j < p.k; ++j) {
@@ -483,7 +483,7 @@ Status run_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
     case 4: MOEKIT_RETURN_IF_ERROR(launch(down_kernel<T, AT, 4>, g2, dim3(kThreads), s2, st, a, n2)); break;
     default: MOEKIT_RETURN_IF_ERROR(launch(down_kernel<T, AT, 8>, g2, dim3(kThreads), s2, st, a, n2)); break;
   }
-  const dim3 g3(unsigned(ceil_div(a.H / 8, 128)), unsigned(a.T));
+  const dim3 g3(unsigned(a.T), unsigned(ceil_div(a.H / 8, 128)));
   return launch(combine_kernel<T>, g3, dim3(128), 0, st, a, "fused_moe_small_m combine");
 }
 
