@@ -126,6 +126,16 @@ __device__ __forceinline__ void load_staged8(const XT* row, int c, float (&f)[8]
   }
 }
 
+// Programmatic dependent launch (PDL): every kernel is launched allowed to overlap its predecessor
+// in the stream. Each CTA first waits for the predecessor grid to COMPLETE (griddepcontrol.wait
+// also makes its memory visible) before any global read or write, then lets the next kernel's CTAs
+// be scheduled (they in turn wait for this grid's completion). So only launch latency and CTA
+// scheduling overlap, never data; both instructions are no-ops when launched without PDL.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -259,6 +269,7 @@ __device__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const Args p) {
   __shared__ int cursor[kMaxExperts];
   __shared__ int warp_sums[32];
+  wait_for_predecessor();  // ids / mask / map come from earlier work; the tables are reused
   const Tables& tb = p.tb;
   const int tid = threadIdx.x;
   // Global -> local table. NOTE: bad mask / map values (device data is not validated on the host)
@@ -310,6 +321,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const Args p) {
 // Dynamic shared memory: MC staged x rows [MC][H] of T.
 template <class T, class AT, int MC>
 __global__ void __launch_bounds__(kThreads) gate_up_kernel(const Args p) {
+  wait_for_predecessor();
   const Tables& tb = p.tb;
   if (int(blockIdx.y) >= *tb.n_active) return;  // fewer touched experts than the grid allows
   const int e = tb.active[blockIdx.y];
@@ -368,6 +380,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(const Args p) {
 // Dynamic shared memory: MC staged a rows [MC][I] of AT.
 template <class T, class AT, int MC>
 __global__ void __launch_bounds__(kThreads) down_kernel(const Args p) {
+  wait_for_predecessor();
   const Tables& tb = p.tb;
   if (int(blockIdx.y) >= *tb.n_active) return;
   const int e = tb.active[blockIdx.y];
@@ -408,6 +421,7 @@ __global__ void __launch_bounds__(kThreads) down_kernel(const Args p) {
 // Grid (T, ceil(H / 8 / 128)); each thread makes 8 outputs of one token.
 template <class T>
 __global__ void __launch_bounds__(128) combine_kernel(const Args p) {
+  wait_for_predecessor();
   const int t = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;  // 8-element chunk of the row
   if (c * 8 >= p.H) return;
@@ -450,13 +464,24 @@ int pick_mc(int64_t T, size_t row_bytes) {
   return mc;
 }
 
-template <class K>
-Status launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const Args& a, const char* name) {
+// Launches kernel(a) with the PDL attribute (see wait_for_predecessor).
+Status launch(void (*kernel)(Args), dim3 grid, dim3 block, size_t smem, cudaStream_t st, const Args& a,
+              const char* name) {
   if (smem > 48 * 1024) {
     MOEKIT_RETURN_IF_ERROR(
         check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), name));
   }
-  kernel<<<grid, block, smem, st>>>(a);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaLaunchKernelEx(&cfg, kernel, a), name));
   return last_launch(name);
 }
 
