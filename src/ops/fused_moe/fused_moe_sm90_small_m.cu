@@ -349,28 +349,32 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(const Args p) {
       const T* rows[2] = {w1e + int64_t(i) * p.H, w1e + (int64_t(p.I) + i) * p.H};
       float acc[2][MC] = {};
       warp_dots<T, T, 2, MC>(rows, xs, p.H, lane, acc);
+      float g = 0.0f, u = 0.0f;  // lane m keeps slot m's sums: one activation per lane
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
-        const float g = warp_sum(acc[0][m]), u = warp_sum(acc[1][m]);
-        if (lane == m && m < mc) {
-          const int slot = tb.slot_list[first + c0 + m];
-          const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
-          const float a = activate(p.act, g * w) * (u * w);
-          static_cast<AT*>(p.a)[int64_t(slot) * p.I + i] = from_f32<AT>(a);
-        }
+        const float gm = warp_sum(acc[0][m]), um = warp_sum(acc[1][m]);
+        if (lane == m) g = gm, u = um;
+      }
+      if (lane < mc) {
+        const int slot = tb.slot_list[first + c0 + lane];
+        const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
+        const float a = activate(p.act, g * w) * (u * w);
+        static_cast<AT*>(p.a)[int64_t(slot) * p.I + i] = from_f32<AT>(a);
       }
     } else {
       const T* rows[1] = {w1e + int64_t(i) * p.H};
       float acc[1][MC] = {};
       warp_dots<T, T, 1, MC>(rows, xs, p.H, lane, acc);
+      float h = 0.0f;
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
-        const float h = warp_sum(acc[0][m]);
-        if (lane == m && m < mc) {
-          const int slot = tb.slot_list[first + c0 + m];
-          const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
-          static_cast<AT*>(p.a)[int64_t(slot) * p.I + i] = from_f32<AT>(activate(p.act, h * w));
-        }
+        const float hm = warp_sum(acc[0][m]);
+        if (lane == m) h = hm;
+      }
+      if (lane < mc) {
+        const int slot = tb.slot_list[first + c0 + lane];
+        const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
+        static_cast<AT*>(p.a)[int64_t(slot) * p.I + i] = from_f32<AT>(activate(p.act, h * w));
       }
     }
   }
@@ -406,13 +410,15 @@ __global__ void __launch_bounds__(kThreads) down_kernel(const Args p) {
     const T* rows[2] = {w2e + int64_t(h0) * p.I, w2e + int64_t(h0 + 1) * p.I};
     float acc[2][MC] = {};
     warp_dots<T, AT, 2, MC>(rows, as, p.I, lane, acc);
+    float y0 = 0.0f, y1 = 0.0f;  // lane m keeps slot m's sums
 #pragma unroll
     for (int m = 0; m < MC; ++m) {
-      const float y0 = warp_sum(acc[0][m]), y1 = warp_sum(acc[1][m]);
-      if (lane == m && m < mc) {
-        const int slot = tb.slot_list[first + c0 + m];
-        *reinterpret_cast<float2*>(p.y + int64_t(slot) * p.H + h0) = make_float2(y0, y1);
-      }
+      const float s0 = warp_sum(acc[0][m]), s1 = warp_sum(acc[1][m]);
+      if (lane == m) y0 = s0, y1 = s1;
+    }
+    if (lane < mc) {
+      const int slot = tb.slot_list[first + c0 + lane];
+      *reinterpret_cast<float2*>(p.y + int64_t(slot) * p.H + h0) = make_float2(y0, y1);
     }
   }
 }
