@@ -5,7 +5,9 @@
 // of the problem's variant: the ref kernel against the float64 oracle, every other kernel against
 // the ref kernel, with the bounds of kMoeTolerances (docs/tolerances.md). Outputs are poisoned
 // with NaN bytes before each run so an unwritten row fails. A kernel that refuses a problem
-// (status unsupported) is reported ok with "skipped: <reason>".
+// (status unsupported) is reported ok with "skipped: <reason>". Kernels of a device backend run on
+// device copies of the problem (DeviceMirror) with device workspace; when that backend is
+// unavailable (e.g. no GPU) their cases are reported ok with "skipped: backend unavailable".
 // bench: one problem of the requested shape; flops = 2*T*k*H*N1 + 2*T*k*I*H, bytes = the weights
 // and scales of the experts actually touched + x + out.
 // Tests: tests/test_fused_moe.cpp and tests/test_fused_moe_fp8.cpp call check_fused_moe.
