@@ -461,11 +461,16 @@ __global__ void __launch_bounds__(128) combine_kernel(const Args p) {
 size_t elem_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 size_t a_elem_bytes(const FusedMoeParams& p) { return p.round_intermediate ? elem_bytes(p.x.dtype) : 4; }
 
-// Slots staged per pass: the next power of two >= min(T, 8), halved while the rows exceed the
-// shared-memory budget (0: not even one row fits).
-int pick_mc(int64_t T, size_t row_bytes) {
+// Slots staged per pass (a performance choice only: any count is correct, an expert with more
+// slots takes several passes over its weight tile). The expected slots of a touched expert are
+// about max(1, T*k/E); staging twice that (at least 2, at most T and 8) keeps a second pass rare
+// without dotting many all-zero rows. Rounded up to a power of two, then halved while the rows
+// exceed the shared-memory budget (0: not even one row fits).
+int pick_mc(int64_t T, int64_t k, int64_t E, size_t row_bytes) {
+  const int64_t expected = (T * k + E - 1) / std::max<int64_t>(E, 1);
+  const int64_t want = std::min<int64_t>(T, std::max<int64_t>(2, 2 * expected));
   int mc = 1;
-  while (mc < T && mc < 8) mc *= 2;
+  while (mc < want && mc < 8) mc *= 2;
   while (mc > 0 && size_t(mc) * row_bytes > kStageBudget) mc /= 2;
   return mc;
 }
@@ -544,10 +549,10 @@ Status supports_impl(const FusedMoeParams& p) {
   if (d.T * d.k > (int64_t(1) << 30) || d.Eg > (int64_t(1) << 30) || d.H > (1 << 30) || d.I > (1 << 30)) {
     return Unsupported("T*k = ", d.T * d.k, ", Eg = ", d.Eg, ": sizes must fit 32-bit indices");
   }
-  if (pick_mc(1, size_t(d.H) * elem_bytes(p.x.dtype)) == 0) {
+  if (pick_mc(1, 1, 1, size_t(d.H) * elem_bytes(p.x.dtype)) == 0) {
     return Unsupported("H = ", d.H, ": one x row exceeds the ", kStageBudget, "-byte shared-memory stage");
   }
-  if (pick_mc(1, size_t(d.I) * a_elem_bytes(p)) == 0) {
+  if (pick_mc(1, 1, 1, size_t(d.I) * a_elem_bytes(p)) == 0) {
     return Unsupported("I = ", d.I, ": one intermediate row exceeds the ", kStageBudget, "-byte shared-memory stage");
   }
   return Status::Ok();
@@ -590,8 +595,8 @@ Status run_impl(const FusedMoeParams& p, const RunContext& ctx) {
   a.act = int(p.activation);
   a.g1u1 = d.g1u1;
   a.weight_on_input = p.weight_on_input;
-  const int mc1 = pick_mc(d.T, size_t(d.H) * elem_bytes(p.x.dtype));
-  const int mc2 = pick_mc(d.T, size_t(d.I) * ae);
+  const int mc1 = pick_mc(d.T, d.k, d.E, size_t(d.H) * elem_bytes(p.x.dtype));
+  const int mc2 = pick_mc(d.T, d.k, d.E, size_t(d.I) * ae);
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   if (p.x.dtype == DType::bf16) {
     return p.round_intermediate ? run_typed<__nv_bfloat16, __nv_bfloat16>(a, mc1, mc2, st)
