@@ -181,12 +181,14 @@ __device__ __forceinline__ void warp_dots(const T* const (&wrow)[RP], const XT* 
 
 // Copies n elements (n % 8 == 0) from global src to shared dst (16-byte aligned) with 16-byte loads
 // when src is aligned, element by element otherwise (row-strided x).
+// NOTE: plain (coherent) loads, not the read-only path: under PDL the down kernel is already
+// running while the gate_up kernel writes its a rows, so they are not read-only for its lifetime.
 template <class XT>
 __device__ __forceinline__ void stage_row(XT* dst, const XT* src, int n) {
   if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
     constexpr int per = 16 / sizeof(XT);
     for (int v = threadIdx.x; v < n / per; v += blockDim.x) {
-      reinterpret_cast<uint4*>(dst)[v] = __ldg(reinterpret_cast<const uint4*>(src) + v);
+      reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
     }
   } else {
     for (int v = threadIdx.x; v < n; v += blockDim.x) dst[v] = src[v];
