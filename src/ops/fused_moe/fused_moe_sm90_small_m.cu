@@ -20,7 +20,7 @@
 // Each dot: a lane accumulates 8-element chunks lane, lane+32, ... in f32, then a fixed butterfly
 // over the warp. Slot order inside an expert's list comes from shared atomics, but every slot's
 // result is computed by the same instruction sequence wherever it sits: outputs are deterministic.
-// Tests: tests/test_fused_moe.cpp (FusedMoe.Sm90SmallM*), against fused_moe_ref.
+// Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.*), against fused_moe_ref.
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
 
 #include <cuda_bf16.h>

@@ -6,7 +6,7 @@
 // Design (fused_moe_sm90_small_m.cu): every touched expert's weights are streamed from HBM once,
 // spread over all SMs; experts no token uses are never read. Deterministic by construction (fixed
 // reduction orders, no float atomics), with or without RunContext::deterministic.
-// Tests: tests/test_fused_moe.cpp (FusedMoe.Sm90SmallM*), moekit check --backend cuda.
+// Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.*), moekit check --backend cuda.
 #pragma once
 
 #include <cstddef>
