@@ -9,6 +9,9 @@ namespace moekit::cuda {
 void register_cuda_kernels(Registry& r);
 
 // Device tensors required: returns unsupported naming the first host tensor.
+// Per-op hooks (one per kernel file).
+void register_fused_moe_sm90_small_m(Registry& r);  // src/ops/fused_moe/fused_moe_sm90_small_m.cu
+
 Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors);
 
 }  // namespace moekit::cuda

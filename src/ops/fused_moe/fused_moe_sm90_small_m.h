@@ -1,0 +1,28 @@
+// fused_moe_sm90_small_m: the decode (small T, memory-bound) CUDA kernel of the unquantized
+// variant (SPEC 3.1, 3.4, 3.5) for bf16 and f16 on Hopper. Host-callable entry points so that an
+// auto-dispatching fused_moe kernel can call it; the registry row (priority 100) is added by
+// register_fused_moe_sm90_small_m (src/cuda/cuda_kernels.h).
+//
+// Design (fused_moe_sm90_small_m.cu): every touched expert's weights are streamed from HBM once,
+// spread over all SMs; experts no token uses are never read. Deterministic by construction (fixed
+// reduction orders, no float atomics), with or without RunContext::deterministic.
+// Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.*), moekit check --backend cuda.
+#pragma once
+
+#include <cstddef>
+
+#include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"
+
+namespace moekit::cuda {
+
+// Ok, or unsupported with the reason (host tensors, f32 / fp8, shuffled weights, H or I not a
+// multiple of 8, unaligned weights, E > 1024, rows too long for shared memory).
+Status fused_moe_small_m_supports(const FusedMoeParams& p);
+// Device workspace bytes for p (routing tables, the intermediate a and the per-slot outputs).
+size_t fused_moe_small_m_workspace_bytes(const FusedMoeParams& p);
+// Launches the kernels on ctx.stream; ctx.workspace must hold workspace_bytes(p) device bytes.
+// No allocation, no host synchronisation (CUDA-graph capturable); T = 0 launches nothing.
+Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx);
+
+}  // namespace moekit::cuda
