@@ -9,6 +9,9 @@ namespace moekit::cuda {
 void register_cuda_kernels(Registry& r);
 
 // Device tensors required: returns unsupported naming the first host tensor.
+// Per-op registration hooks (src/ops/<op>/*.cu).
+void register_fused_moe_sm90_grouped(Registry& r);
+
 Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors);
 
 }  // namespace moekit::cuda
