@@ -15,6 +15,9 @@ Status require_device(std::initializer_list<std::pair<const char*, const void*>>
   return Status::Ok();
 }
 
-void register_cuda_kernels(Registry& r) { register_fused_moe_sm90_small_m(r); }
+void register_cuda_kernels(Registry& r) {
+  register_fused_moe_sm90_small_m(r);
+  register_fused_moe_sm90_grouped(r);
+}
 
 }  // namespace moekit::cuda

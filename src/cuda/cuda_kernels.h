@@ -9,8 +9,9 @@ namespace moekit::cuda {
 void register_cuda_kernels(Registry& r);
 
 // Device tensors required: returns unsupported naming the first host tensor.
-// Per-op hooks (one per kernel file).
-void register_fused_moe_sm90_small_m(Registry& r);  // src/ops/fused_moe/fused_moe_sm90_small_m.cu
+// Per-op registration hooks (one per kernel file, src/ops/<op>/<op>_sm90*.cu).
+void register_fused_moe_sm90_small_m(Registry& r);
+void register_fused_moe_sm90_grouped(Registry& r);
 
 Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors);
 

@@ -1,0 +1,521 @@
+// fused_moe_sm90_grouped (see fused_moe_sm90_grouped.h): routing into expert-contiguous rows, the
+// two grouped GEMMs on HMMA tensor cores (mainloop in fused_moe_sm90_grouped_mma.cuh) and the
+// per-token reduction over k. SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics;
+// the integer atomics of the routing kernel only order rows inside an expert, which changes no
+// value: every row is computed independently and the sum over k runs per token in slot order).
+// Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_utils.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
+
+namespace moekit::cuda {
+namespace grouped {
+namespace {
+
+constexpr int kRouteThreads = 1024;  // one block; also the largest E (one expert per thread in scans)
+constexpr int kMaxE = kRouteThreads;
+constexpr int kMaxK = 32;
+constexpr int kReduceThreads = 256;
+constexpr size_t kAlign = 256;
+
+// ---------------------------------------------------------------- workspace layout
+struct WsLayout {
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, a, y, total;
+  int64_t tk, tiles_max;
+};
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+WsLayout layout_of(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  WsLayout l{};
+  l.tk = d.T * d.k;
+  // sum_e ceil(c_e / BM) <= floor(Tk / BM) + (number of non-empty experts).
+  l.tiles_max = (l.tk + kBM - 1) / kBM + std::min<int64_t>(d.E, l.tk);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align_up(bytes);
+    return at;
+  };
+  l.local = take(size_t(d.Eg) * 4);
+  l.offsets = take(size_t(d.E + 1) * 4);
+  l.row_entry = take(size_t(l.tk) * 4);
+  l.slot_row = take(size_t(l.tk) * 4);
+  l.tile_expert = take(size_t(l.tiles_max) * 4);
+  l.tile_row0 = take(size_t(l.tiles_max) * 4);
+  l.a = take(size_t(l.tk) * size_t(d.I) * 2);
+  l.y = take(size_t(l.tk) * size_t(d.H) * 4);
+  l.total = off + kAlign;  // + kAlign: the caller's workspace need not be aligned
+  return l;
+}
+
+// ---------------------------------------------------------------- activations (f32, as the reference)
+template <Activation A>
+__device__ __forceinline__ float act(float z) {
+  if constexpr (A == Activation::silu) {
+    return z / (1.0f + expf(-z));
+  } else if constexpr (A == Activation::gelu) {
+    return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+  } else {
+    const float c = 0.79788456080286536f;  // sqrt(2 / pi)
+    return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
+  }
+}
+
+template <class TT>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }
+
+// ---------------------------------------------------------------- 1. routing
+struct RouteArgs {
+  const int32_t* ids;       // [T*k]
+  const int32_t* mask;      // [Eg] or nullptr
+  const int32_t* map;       // [Eg] or nullptr
+  int32_t* local;           // [Eg] out: local expert of each global id, -1 = remote
+  int32_t* offsets;         // [E + 1] out: first row of each expert (rows not padded)
+  int32_t* row_entry;       // [Tk] out: entry t*k + j of each row, rows grouped by expert
+  int32_t* slot_row;        // [Tk] out: row of entry t*k + j, -1 = not computed here
+  int32_t* tile_expert;     // [tiles_max] out: expert of each M tile, -1 = unused tile
+  int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
+  int tk, E, Eg, tiles_max;
+};
+
+// Exclusive prefix sum over the kRouteThreads threads of the block (all must call it).
+__device__ int block_exclusive_scan(int v, int* s_warp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  if (lane == 31) s_warp[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    const int w = s_warp[lane];
+    int winc = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, winc, o);
+      if (lane >= o) winc += n;
+    }
+    s_warp[lane] = winc - w;
+  }
+  __syncthreads();
+  const int res = inc - v + s_warp[warp];
+  __syncthreads();  // s_warp may be reused by the next call
+  return res;
+}
+
+__device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
+  if (id < 0 || id >= a.Eg) return -1;  // -1 (unused slot) or a bad id: skipped, never indexed
+  const int e = a.local[id];
+  return (e >= 0 && e < a.E) ? e : -1;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
+  __shared__ int s_cnt[kMaxE];
+  __shared__ int s_cursor[kMaxE];
+  __shared__ int s_off[kMaxE + 1];
+  __shared__ int s_toff[kMaxE + 1];
+  __shared__ int s_warp[32];
+  const int tid = threadIdx.x;
+
+  // Global -> local table. Mask: local id = number of set entries before g (a set entry beyond E is
+  // treated as remote); map: entries outside [-1, E) are remote; neither: identity.
+  if (a.mask != nullptr) {
+    const int chunk = (a.Eg + kRouteThreads - 1) / kRouteThreads;
+    const int beg = min(a.Eg, tid * chunk), end = min(a.Eg, beg + chunk);
+    int ones = 0;
+    for (int g = beg; g < end; ++g) ones += a.mask[g] != 0;
+    int next = block_exclusive_scan(ones, s_warp);
+    for (int g = beg; g < end; ++g) {
+      if (a.mask[g] != 0) {
+        a.local[g] = next < a.E ? next : -1;
+        ++next;
+      } else {
+        a.local[g] = -1;
+      }
+    }
+  } else {
+    for (int g = tid; g < a.Eg; g += kRouteThreads) {
+      const int v = a.map != nullptr ? a.map[g] : g;
+      a.local[g] = (v >= 0 && v < a.E) ? v : -1;
+    }
+  }
+  for (int e = tid; e < kMaxE; e += kRouteThreads) {
+    s_cnt[e] = 0;
+    s_cursor[e] = 0;
+  }
+  __syncthreads();  // also publishes a.local (global writes) to the block
+
+  for (int i = tid; i < a.tk; i += kRouteThreads) {
+    const int e = lookup_local(a, a.ids[i]);
+    if (e >= 0) atomicAdd(&s_cnt[e], 1);
+  }
+  __syncthreads();
+
+  const int cnt = tid < a.E ? s_cnt[tid] : 0;
+  const int tiles = (cnt + kBM - 1) / kBM;
+  const int off = block_exclusive_scan(cnt, s_warp);
+  const int toff = block_exclusive_scan(tiles, s_warp);
+  if (tid < a.E) {
+    s_off[tid] = off;
+    s_toff[tid] = toff;
+    if (tid == a.E - 1) {
+      s_off[a.E] = off + cnt;
+      s_toff[a.E] = toff + tiles;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e <= a.E; e += kRouteThreads) a.offsets[e] = s_off[e];
+
+  // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
+  for (int i = tid; i < a.tk; i += kRouteThreads) {
+    const int e = lookup_local(a, a.ids[i]);
+    int row = -1;
+    if (e >= 0) {
+      row = s_off[e] + atomicAdd(&s_cursor[e], 1);
+      a.row_entry[row] = i;
+    }
+    a.slot_row[i] = row;
+  }
+  for (int e = tid; e < a.E; e += kRouteThreads) {
+    for (int t = s_toff[e]; t < s_toff[e + 1]; ++t) {
+      a.tile_expert[t] = e;
+      a.tile_row0[t] = s_off[e] + (t - s_toff[e]) * kBM;
+    }
+  }
+  for (int t = s_toff[a.E] + tid; t < a.tiles_max; t += kRouteThreads) a.tile_expert[t] = -1;
+}
+
+// ---------------------------------------------------------------- 2. gemm1 + activation
+struct Gemm1Args {
+  const void* x;              // [T, H] row stride xs
+  int64_t xs;
+  const void* w1;             // [E, N1, H]
+  const float* weights;       // [T*k] router weights
+  const int32_t* offsets;     // routing outputs
+  const int32_t* row_entry;
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  void* a;                    // [Tk, I] out
+  int H, I, k;
+  bool weight_on_input;
+};
+
+// Grid (tiles_max, N tiles): blockIdx.x fastest so one wave shares the weight N tile across the M
+// tiles (x, T x H, stays in L2). g1u1: an N tile is 64 gate rows [i0, i0+64) and the matching 64 up
+// rows [I+i0, ...), B rows 0..63 / 64..127; warp wn multiplies gate columns wn*16.. and up columns
+// 64+wn*16.., so each thread holds g and u of the same i. g1u0: 128 consecutive rows.
+template <class TT, bool G1U1, Activation A>
+__global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ int s_entry[kBM];
+  __shared__ float s_win[kBM];
+  const int tile = blockIdx.x;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;
+  const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
+
+  if (tid < kBM) {
+    const int r = row0 + tid;
+    const int ent = r < row_end ? p.row_entry[r] : -1;
+    s_entry[tid] = ent;
+    s_win[tid] = (p.weight_on_input && ent >= 0) ? p.weights[ent] : 1.0f;
+  }
+  __syncthreads();
+
+  const TT* x = static_cast<const TT*>(p.x);
+  const TT* w1 = static_cast<const TT*>(p.w1) + int64_t(e) * (G1U1 ? 2 : 1) * p.I * p.H;
+  TileSources<TT> src;
+#pragma unroll
+  for (int i = 0; i < kLoadsPerThread; ++i) {
+    const int row = loader_row(tid, i);
+    const int ent = s_entry[row];
+    src.a_ok[i] = ent >= 0;
+    src.a[i] = ent >= 0 ? x + int64_t(ent / p.k) * p.xs : x;  // gather: token = entry / k
+    const int n = G1U1 ? (row < kBN / 2 ? i0 + row : p.I + i0 + row - kBN / 2) : i0 + row;
+    const bool ok = (G1U1 ? i0 + (row & (kBN / 2 - 1)) : n) < p.I;
+    src.b_ok[i] = ok;
+    src.b[i] = ok ? w1 + int64_t(n) * p.H : w1;
+  }
+  const int nbase[2] = {G1U1 ? wn * 16 : wn * 32, G1U1 ? kBN / 2 + wn * 16 : wn * 32 + 16};
+  Acc acc;
+  mainloop<TT>(reinterpret_cast<TT*>(smem_raw), src, p.H, nbase, acc);
+
+  TT* out = static_cast<TT*>(p.a);
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = wm * 64 + mi * 16 + (lane >> 2) + 8 * h;
+      if (row0 + rl >= row_end) continue;
+      const float w = s_win[rl];
+      TT* orow = out + int64_t(row0 + rl) * p.I;
+      if constexpr (G1U1) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int i = i0 + wn * 16 + j * 8 + 2 * (lane & 3);
+          if (i >= p.I) continue;
+          const float* g = &acc.v[mi][j][2 * h];
+          const float* u = &acc.v[mi][j + 2][2 * h];
+          const float a0 = act<A>(g[0] * w) * (u[0] * w);
+          const float a1 = act<A>(g[1] * w) * (u[1] * w);
+          *reinterpret_cast<uint32_t*>(orow + i) = pack2<TT>(a0, a1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = i0 + wn * 32 + j * 8 + 2 * (lane & 3);
+          if (i >= p.I) continue;
+          const float* g = &acc.v[mi][j][2 * h];
+          *reinterpret_cast<uint32_t*>(orow + i) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 3. gemm2
+struct Gemm2Args {
+  const void* a;              // [Tk, I]
+  const void* w2;             // [E, H, I]
+  const int32_t* offsets;
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  float* y;                   // [Tk, H] out
+  int H, I;
+};
+
+template <class TT>
+__global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int tile = blockIdx.x;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;
+  const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int h0 = blockIdx.y * kBN;
+
+  const TT* a = static_cast<const TT*>(p.a);
+  const TT* w2 = static_cast<const TT*>(p.w2) + int64_t(e) * p.H * p.I;
+  TileSources<TT> src;
+#pragma unroll
+  for (int i = 0; i < kLoadsPerThread; ++i) {
+    const int row = loader_row(tid, i);
+    src.a_ok[i] = row0 + row < row_end;
+    src.a[i] = src.a_ok[i] ? a + int64_t(row0 + row) * p.I : a;
+    src.b_ok[i] = h0 + row < p.H;
+    src.b[i] = src.b_ok[i] ? w2 + int64_t(h0 + row) * p.I : w2;
+  }
+  const int nbase[2] = {wn * 32, wn * 32 + 16};
+  Acc acc;
+  mainloop<TT>(reinterpret_cast<TT*>(smem_raw), src, p.I, nbase, acc);
+
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = wm * 64 + mi * 16 + (lane >> 2) + 8 * h;
+      if (row0 + rl >= row_end) continue;
+      float* yrow = p.y + int64_t(row0 + rl) * p.H;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = h0 + wn * 32 + j * 8 + 2 * (lane & 3);
+        if (c >= p.H) continue;
+        *reinterpret_cast<float2*>(yrow + c) = make_float2(acc.v[mi][j][2 * h], acc.v[mi][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 4. reduction over k
+struct ReduceArgs {
+  const float* y;           // [Tk, H]
+  const int32_t* slot_row;  // [Tk]
+  const float* weights;     // [Tk]
+  void* out;                // [T, H] row stride os
+  int64_t os;
+  int H, k;
+  bool weight_on_input;
+};
+
+// One block per token: out[t, c] = round(sum_j w_tj * y[row(t, j), c]), j ascending; a token with
+// no computed slot gets a zero row.
+template <class TT>
+__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
+  __shared__ int s_row[kMaxK];
+  __shared__ float s_w[kMaxK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < p.k) {
+    s_row[threadIdx.x] = p.slot_row[t * p.k + threadIdx.x];
+    s_w[threadIdx.x] = p.weight_on_input ? 1.0f : p.weights[t * p.k + threadIdx.x];
+  }
+  __syncthreads();
+  TT* out = static_cast<TT*>(p.out) + t * p.os;
+  for (int c = threadIdx.x * 4; c < p.H; c += kReduceThreads * 4) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < p.k; ++j) {
+      const int r = s_row[j];
+      if (r < 0) continue;
+      const float w = s_w[j];
+      const float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    store_out(out + c, acc.x);
+    store_out(out + c + 1, acc.y);
+    store_out(out + c + 2, acc.z);
+    store_out(out + c + 3, acc.w);
+  }
+}
+
+// ---------------------------------------------------------------- host side
+template <class TT, bool G1U1>
+Status launch_gemm1(Activation act_kind, dim3 grid, cudaStream_t s, const Gemm1Args& args) {
+  auto pick = [&]() {
+    switch (act_kind) {
+      case Activation::gelu: return gemm1_kernel<TT, G1U1, Activation::gelu>;
+      case Activation::gelu_tanh: return gemm1_kernel<TT, G1U1, Activation::gelu_tanh>;
+      case Activation::silu: break;
+    }
+    return gemm1_kernel<TT, G1U1, Activation::silu>;
+  };
+  auto* fn = pick();
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                                    "fused_moe_sm90_grouped gemm1: cudaFuncSetAttribute"));
+  fn<<<grid, kThreads, kSmemBytes, s>>>(args);
+  return last_launch("fused_moe_sm90_grouped gemm1");
+}
+
+template <class TT>
+Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  const WsLayout l = layout_of(p);
+  auto* base = static_cast<unsigned char*>(ctx.workspace);
+  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
+  auto* local = reinterpret_cast<int32_t*>(base + l.local);
+  auto* offsets = reinterpret_cast<int32_t*>(base + l.offsets);
+  auto* row_entry = reinterpret_cast<int32_t*>(base + l.row_entry);
+  auto* slot_row = reinterpret_cast<int32_t*>(base + l.slot_row);
+  auto* tile_expert = reinterpret_cast<int32_t*>(base + l.tile_expert);
+  auto* tile_row0 = reinterpret_cast<int32_t*>(base + l.tile_row0);
+  void* a = base + l.a;
+  auto* y = reinterpret_cast<float*>(base + l.y);
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
+
+  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
+               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
+               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
+               local, offsets, row_entry, slot_row, tile_expert, tile_row0,
+               int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max)};
+  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped route"));
+
+  Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
+               tile_expert, tile_row0, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
+  const dim3 grid1(unsigned(l.tiles_max), unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)));
+  if (d.g1u1) {
+    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, true>(p.activation, grid1, s, g1)));
+  } else {
+    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, false>(p.activation, grid1, s, g1)));
+  }
+
+  Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, y, int(d.H), int(d.I)};
+  const dim3 grid2(unsigned(l.tiles_max), unsigned(ceil_div(d.H, kBN)));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(
+      cudaFuncSetAttribute(gemm2_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+      "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
+  gemm2_kernel<TT><<<grid2, kThreads, kSmemBytes, s>>>(g2);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped gemm2"));
+
+  ReduceArgs rd{y, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H), int(d.k),
+                p.weight_on_input};
+  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
+  return last_launch("fused_moe_sm90_grouped reduce");
+}
+
+}  // namespace
+}  // namespace grouped
+
+Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
+                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}));
+  const MoeDims d = moe_dims(p);
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
+    return Unsupported("x: needs bf16 or f16 (tensor-core HMMA operands), got ", dtype_name(p.x.dtype));
+  }
+  if (p.w1.dtype != p.x.dtype) return Unsupported("w1: unquantized weights of x's dtype only, got ", dtype_name(p.w1.dtype));
+  if (p.w1.layout != Layout::row_major) {
+    return Unsupported("w1: needs layout row_major (K-contiguous rows for cp.async), got ", layout_name(p.w1.layout));
+  }
+  if (d.H % 64 != 0) return Unsupported("x: hidden size H must be a multiple of 64 (K slice), got ", d.H);
+  if (d.I % 64 != 0) return Unsupported("w2: intermediate size I must be a multiple of 64 (K slice / N tile), got ", d.I);
+  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
+  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
+  if (!p.round_intermediate) {
+    return Unsupported("round_intermediate: must be true (the second GEMM reads a in x's dtype), got false");
+  }
+  if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
+    return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
+  }
+  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
+    return Unsupported("w1/w2: data must be 16-byte aligned");
+  }
+  const int64_t tk = d.T * d.k;
+  if (tk > (int64_t(1) << 30) || tk * std::max(d.H, d.I) > (int64_t(1) << 40)) {
+    return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
+  }
+  if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
+  return Status::Ok();
+}
+
+size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p) { return grouped::layout_of(p).total; }
+
+Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  if (d.T == 0) return Status::Ok();
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < fused_moe_sm90_grouped_workspace_bytes(p)) {
+    return InvalidArgument("workspace: fused_moe_sm90_grouped needs ", fused_moe_sm90_grouped_workspace_bytes(p),
+                           " device bytes, got ", ctx.workspace_bytes);
+  }
+  if (p.x.dtype == DType::bf16) return grouped::run_typed<__nv_bfloat16>(p, ctx);
+  return grouped::run_typed<__half>(p, ctx);
+}
+
+void register_fused_moe_sm90_grouped(Registry& r) {
+  r.add({"fused_moe_sm90_grouped", OpKind::fused_moe, MoeVariant::unquantized, Backend::cuda,
+         "x/w bf16|f16, HMMA m16n8k16 f32 accumulate, a rounded to x dtype, f32 sum over k", 100,
+         erase_supports<FusedMoeParams, fused_moe_sm90_grouped_supports>,
+         erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_workspace_bytes>,
+         erase_run<FusedMoeParams, fused_moe_sm90_grouped_run>});
+}
+
+}  // namespace moekit::cuda

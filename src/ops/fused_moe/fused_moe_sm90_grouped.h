@@ -1,0 +1,35 @@
+// fused_moe_sm90_grouped: the prefill (large T, compute-bound) fused_moe kernel for the unquantized
+// variant (SPEC 3.1, 3.4, 3.5) on sm_90a tensor cores, bf16 and f16.
+//
+// Four launches on ctx.stream, no host synchronisation, no allocation (CUDA-graph capturable):
+//   1. route   (1 block): global -> local expert table, per-expert counts of the (token, slot)
+//      entries, exclusive scans, a row -> entry list (rows grouped by expert) and a fixed-size
+//      tile -> (expert, first row) list. Bad ids (outside [-1, Eg)) and remote experts are skipped.
+//   2. gemm1   (tiles x I/64): gathers x rows, h = x . w1[e]^T for matching gate/up columns,
+//      a = act(w*g) * (w*u) (w = 1 unless weight_on_input), rounded to x's dtype -> workspace.
+//   3. gemm2   (tiles x H/128): y_row = a_row . w2[e]^T in f32 -> workspace.
+//   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
+// Deterministic by default (by construction): every row is computed independently with a fixed K
+// order and the sum over k is done per token in slot order; no float atomics anywhere.
+// Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
+#pragma once
+
+#include <cstddef>
+
+#include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"
+
+namespace moekit::cuda {
+
+// ok, or why the kernel refuses p (host tensors, f32, shuffled weights, H or I not multiples of 64,
+// k > 32, E > 1024, round_intermediate off, misaligned x rows).
+Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p);
+// Workspace bytes for p (routing lists, the intermediate a [T*k, I] and y [T*k, H] f32).
+size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p);
+// Runs the kernel (p validated and supported, T >= 1, ctx.workspace on the device).
+Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx);
+
+// Adds the registry row (priority 100, variant unquantized).
+void register_fused_moe_sm90_grouped(Registry& r);
+
+}  // namespace moekit::cuda
