@@ -15,6 +15,11 @@ Status require_device(std::initializer_list<std::pair<const char*, const void*>>
   return Status::Ok();
 }
 
-void register_cuda_kernels(Registry& r) { (void)r; }
+void register_cuda_kernels(Registry& r) {
+  register_topk_softmax_sm90(r);
+  register_grouped_topk_sm90(r);
+  register_sigmoid_topk_sm90(r);
+  register_sort_tokens_sm90(r);
+}
 
 }  // namespace moekit::cuda
