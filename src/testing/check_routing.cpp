@@ -2,8 +2,11 @@
 // cases, then the requested shape for each token count, run on every kernel of the op. The ref
 // kernel is compared with the float64 oracles of src/testing/oracle_routing.h, every other kernel
 // with the ref kernel. ids (and token_expert_indices) must match exactly; weights within
-// |a - b| <= kWeightAtol + kWeightRtol * |b|. Used by `moekit check` / `moekit bench` and by
-// tests/test_{topk_softmax,grouped_topk,sigmoid_topk}.cpp.
+// |a - b| <= kWeightAtol + kWeightRtol * |b|. Device kernels (the CUDA *_sm90 kernels) run on
+// mirrored copies of each problem (DeviceMirror: inputs copied to the device, outputs copied back
+// over the poisoned host buffers) and are reported skipped (ok) when their backend is unavailable.
+// The bench problems keep their device copies alive and synchronise after each run. Used by
+// `moekit check` / `moekit bench` and by tests/test_{topk_softmax,grouped_topk,sigmoid_topk}.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
