@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const Args a) {
   const int e = int(threadIdx.x);
   int total = 0;
   if (e < a.E) {
-    for (int64_t c = 0; c < a.chunks; ++c) total += a.counts[c * a.E + e];
+#pragma unroll 8
+    for (int64_t c = 0; c < a.chunks; ++c) total += a.counts[c * a.E + e];  // coalesced across e
   }
   const int padded = int((int64_t(total) + a.block_m - 1) / a.block_m * a.block_m);
   int num_valid = 0;
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const Args a) {
     a.start[e] = start;
     a.total[e] = total;
     int running = start;
+#pragma unroll 8
     for (int64_t c = 0; c < a.chunks; ++c) {
       const int n = a.counts[c * a.E + e];
       a.counts[c * a.E + e] = running;
