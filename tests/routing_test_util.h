@@ -65,4 +65,48 @@ inline void expect_error(const Status& s, const std::string& needle) {
   EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
 }
 
+// ------------------------------------------------------------------ CUDA kernels
+// Why the CUDA backend cannot run here ("" when it can): the Cuda* tests GTEST_SKIP with it.
+inline std::string cuda_unavailable() {
+  const Status s = registry().backend_available(Backend::cuda);
+  return s.ok() ? "" : "CUDA backend unavailable: " + s.to_string();
+}
+
+// Runs a routing check hook restricted to the CUDA kernels and expects every case to pass and to
+// have actually run (a CUDA routing kernel accepts every Eg <= 512, so nothing may be skipped).
+inline void expect_cuda_check_passes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&),
+                                     testing::CheckRequest req, const std::string& what) {
+  req.has_backend = true;
+  req.backend = Backend::cuda;
+  const std::vector<testing::CaseResult> results = check(req);
+  EXPECT_FALSE(results.empty()) << what;
+  for (const testing::CaseResult& r : results) {
+    EXPECT_TRUE(r.ok) << what << " / " << r.kernel << " / " << r.name << ": " << r.detail;
+    EXPECT_EQ(r.detail.rfind("skipped", 0), std::string::npos) << what << " / " << r.name << ": " << r.detail;
+    EXPECT_EQ(r.reference, "ref") << r.name;
+  }
+}
+
+// Random logits with NaN / +-inf sprinkled in (about 1 in 8 entries), some rows all NaN, some all
+// -inf, on a 1/4 grid (many exact ties): exact ties and non-finite values are what the contract
+// fixes, and distinct finite values stay far apart, so ids must match the ref exactly.
+inline testing::Buffer nonfinite_logits(uint64_t seed, int64_t T, int64_t E, DType dt) {
+  testing::Rng rng(seed);
+  testing::Buffer g = testing::random_logits(rng, T, E, dt, 2.0f, 0.25f);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t kind = rng.integer(0, 15);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r = rng.integer(0, 23);
+      float v = g.get(t * E + e);
+      if (kind == 0) v = kNaN;
+      else if (kind == 1) v = -kInf;
+      else if (r == 0) v = kNaN;
+      else if (r == 1) v = -kInf;
+      else if (r == 2 && kind == 2) v = kInf;
+      g.set(t * E + e, v);
+    }
+  }
+  return g;
+}
+
 }  // namespace moekit::routing_test

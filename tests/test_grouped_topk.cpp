@@ -540,5 +540,128 @@ TEST(GroupedTopk, BenchProblemRuns) {
   EXPECT_NE(b->shape.find("groups 4/8"), std::string::npos) << b->shape;
 }
 
+
+// ------------------------------------------------------------------ CUDA kernel (grouped_topk_sm90)
+// Skipped without a CUDA device. The kernel is compared with grouped_topk_ref: ids exactly,
+// weights within kWeightAtol / kWeightRtol. The check hook's cases cover DeepSeek-V3 routing
+// (sigmoid + bias, groups 4/8, k 8, rsf 2.5) and softmax without bias on every shape.
+
+// Top-k sizes for the random CUDA shapes: 1, 8, 32 and Eg itself (small Eg), capped at Eg.
+std::vector<int> cuda_ks(int64_t Eg) {
+  std::vector<int> ks;
+  for (int64_t k : {int64_t(1), int64_t(8), int64_t(32), Eg <= 64 ? Eg : int64_t(1)}) {
+    const int kk = int(std::min(k, Eg));
+    if (std::find(ks.begin(), ks.end(), kk) == ks.end()) ks.push_back(kk);
+  }
+  return ks;
+}
+
+// Eg in {1, 6, 8, 60, 128, 256, 257, 512} x the k above x T in {0, 1, 7, 4096} (4096 only for k <= 8,
+// to keep the ref's O(k^2 Eg) selection fast), bf16 and f32, certified random logits.
+void expect_cuda_random_shapes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&)) {
+  for (int64_t Eg : {1, 6, 8, 60, 128, 256, 257, 512}) {
+    for (int k : cuda_ks(Eg)) {
+      testing::CheckRequest req;
+      req.shape.experts = Eg;
+      req.shape.topk = k;
+      req.shape.seed = uint64_t(Eg * 1000 + k);
+      req.edge_cases = false;
+      req.tokens = k <= 8 ? std::vector<int64_t>{0, 1, 7, 4096} : std::vector<int64_t>{1, 7};
+      routing_test::expect_cuda_check_passes(check, req, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
+    }
+  }
+}
+
+// One problem on the CUDA kernel (mirrored to the device) and on the ref.
+void expect_cuda_matches_ref(const Buffer& gating, const Buffer* bias, int k, int n_group, int topk_group,
+                             Scoring scoring, bool renormalize, float rsf, const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, k, n_group, topk_group, scoring, bias, renormalize, rsf);
+  RunOptions ref_opts;
+  ref_opts.kernel = "grouped_topk_ref";
+  ASSERT_TRUE(grouped_topk(want.p, ref_opts).ok());
+  Call got(gating, k, n_group, topk_group, scoring, bias, renormalize, rsf);
+  testing::DeviceMirror m(Backend::cuda);
+  GroupedTopkParams p = got.p;
+  ASSERT_TRUE(m.input(&p.gating).ok());
+  ASSERT_TRUE(m.input(&p.correction_bias).ok());
+  ASSERT_TRUE(m.output(&p.topk_weights).ok());
+  ASSERT_TRUE(m.output(&p.topk_ids).ok());
+  RunOptions opts;
+  opts.kernel = "grouped_topk_sm90";
+  const Status s = grouped_topk(p, opts);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(m.copy_back().ok());
+  testing::RoutingExpect e;
+  e.T = gating.view.shape[0];
+  e.k = k;
+  e.ids = testing::to_ints(want.ids.view);
+  e.weights = testing::to_doubles(want.w.view);
+  got.expect_outputs_match(e);
+}
+
+TEST(GroupedTopk, CudaEdgeCasesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "deepseek-v3";
+  req.tokens = {1};
+  routing_test::expect_cuda_check_passes(testing::check_grouped_topk, req, "edge cases");
+}
+
+TEST(GroupedTopk, CudaNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  // (Eg, n_group, topk_group, k): DeepSeek-V3, groups of 1, uneven sizes, many groups.
+  const int shapes[][4] = {{256, 8, 4, 8}, {8, 8, 4, 2}, {60, 4, 3, 6}, {512, 64, 8, 32}, {96, 3, 1, 32}};
+  int n = 0;
+  for (const auto& sh : shapes) {
+    for (Scoring sc : {Scoring::sigmoid, Scoring::softmax}) {
+      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const Buffer g = routing_test::nonfinite_logits(uint64_t(300 + n), 97, sh[0], dt);
+      // NaN-free bias on a 1/4 grid, so biased scores tie exactly where the scores do.
+      Buffer bias(DType::f32, {sh[0]});
+      Rng rng(uint64_t(400 + n));
+      for (int64_t e = 0; e < sh[0]; ++e) bias.set(e, float(rng.integer(-2, 2)) * 0.25f);
+      const std::string what = "Eg=" + std::to_string(sh[0]) + " groups " + std::to_string(sh[2]) + "/" +
+                               std::to_string(sh[1]) + " k=" + std::to_string(sh[3]) + " " + scoring_name(sc) +
+                               " " + dtype_name(dt);
+      expect_cuda_matches_ref(g, &bias, sh[3], sh[1], sh[2], sc, true, 2.5f, what + " +bias");
+      expect_cuda_matches_ref(g, nullptr, sh[3], sh[1], sh[2], sc, n % 2 == 0, 1.0f, what);
+      ++n;
+    }
+  }
+}
+
+TEST(GroupedTopk, CudaRandomShapesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_cuda_random_shapes(testing::check_grouped_topk);
+}
+
+TEST(GroupedTopk, CudaPresetsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"deepseek-v3", "mixtral", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 64, 4096};
+    routing_test::expect_cuda_check_passes(testing::check_grouped_topk, req, model);
+  }
+}
+
+TEST(GroupedTopk, CudaBenchProblemRuns) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::BenchRequest req;
+  req.shape.model = "deepseek-v3";
+  std::unique_ptr<testing::BenchProblem> b;
+  const Status s = testing::bench_grouped_topk(req, 64, *registry().find("grouped_topk_sm90"), &b);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Status r = b->run();
+  EXPECT_TRUE(r.ok()) << r.to_string();
+}
+
 }  // namespace
 }  // namespace moekit

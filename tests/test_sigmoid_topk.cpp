@@ -315,5 +315,115 @@ TEST(SigmoidTopk, BenchProblemRuns) {
   EXPECT_NE(b->shape.find("k=1"), std::string::npos) << b->shape;
 }
 
+
+// ------------------------------------------------------------------ CUDA kernel (sigmoid_topk_sm90)
+// Skipped without a CUDA device. The kernel is compared with sigmoid_topk_ref: ids exactly,
+// weights within kWeightAtol / kWeightRtol.
+
+// Top-k sizes for the random CUDA shapes: 1, 8, 32 and Eg itself (small Eg), capped at Eg.
+std::vector<int> cuda_ks(int64_t Eg) {
+  std::vector<int> ks;
+  for (int64_t k : {int64_t(1), int64_t(8), int64_t(32), Eg <= 64 ? Eg : int64_t(1)}) {
+    const int kk = int(std::min(k, Eg));
+    if (std::find(ks.begin(), ks.end(), kk) == ks.end()) ks.push_back(kk);
+  }
+  return ks;
+}
+
+// Eg in {1, 6, 8, 60, 128, 256, 257, 512} x the k above x T in {0, 1, 7, 4096} (4096 only for k <= 8,
+// to keep the ref's O(k^2 Eg) selection fast), bf16 and f32, certified random logits.
+void expect_cuda_random_shapes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&)) {
+  for (int64_t Eg : {1, 6, 8, 60, 128, 256, 257, 512}) {
+    for (int k : cuda_ks(Eg)) {
+      testing::CheckRequest req;
+      req.shape.experts = Eg;
+      req.shape.topk = k;
+      req.shape.seed = uint64_t(Eg * 1000 + k);
+      req.edge_cases = false;
+      req.tokens = k <= 8 ? std::vector<int64_t>{0, 1, 7, 4096} : std::vector<int64_t>{1, 7};
+      routing_test::expect_cuda_check_passes(check, req, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
+    }
+  }
+}
+
+// One problem on the CUDA kernel (mirrored to the device) and on the ref.
+void expect_cuda_matches_ref(const Buffer& gating, int k, const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, k);
+  RunOptions ref_opts;
+  ref_opts.kernel = "sigmoid_topk_ref";
+  ASSERT_TRUE(sigmoid_topk(want.p, ref_opts).ok());
+  Call got(gating, k);
+  testing::DeviceMirror m(Backend::cuda);
+  SigmoidTopkParams p = got.p;
+  ASSERT_TRUE(m.input(&p.gating).ok());
+  ASSERT_TRUE(m.output(&p.topk_weights).ok());
+  ASSERT_TRUE(m.output(&p.topk_ids).ok());
+  RunOptions opts;
+  opts.kernel = "sigmoid_topk_sm90";
+  const Status s = sigmoid_topk(p, opts);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(m.copy_back().ok());
+  testing::RoutingExpect e;
+  e.T = gating.view.shape[0];
+  e.k = k;
+  e.ids = testing::to_ints(want.ids.view);
+  e.weights = testing::to_doubles(want.w.view);
+  got.expect_outputs_match(e);
+}
+
+TEST(SigmoidTopk, CudaEdgeCasesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "llama4";
+  req.tokens = {1};
+  routing_test::expect_cuda_check_passes(testing::check_sigmoid_topk, req, "edge cases");
+}
+
+TEST(SigmoidTopk, CudaNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  int n = 0;
+  for (int64_t Eg : {8, 60, 257, 512}) {
+    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
+      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), 97, Eg, dt);
+      expect_cuda_matches_ref(g, k, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k) + " " + dtype_name(dt));
+      ++n;
+    }
+  }
+}
+
+TEST(SigmoidTopk, CudaRandomShapesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_cuda_random_shapes(testing::check_sigmoid_topk);
+}
+
+TEST(SigmoidTopk, CudaPresetsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"llama4", "mixtral", "deepseek-v3"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 64, 4096};
+    routing_test::expect_cuda_check_passes(testing::check_sigmoid_topk, req, model);
+  }
+}
+
+TEST(SigmoidTopk, CudaBenchProblemRuns) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::BenchRequest req;
+  req.shape.model = "llama4";
+  std::unique_ptr<testing::BenchProblem> b;
+  const Status s = testing::bench_sigmoid_topk(req, 64, *registry().find("sigmoid_topk_sm90"), &b);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Status r = b->run();
+  EXPECT_TRUE(r.ok()) << r.to_string();
+}
+
 }  // namespace
 }  // namespace moekit

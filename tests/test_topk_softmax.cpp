@@ -438,5 +438,140 @@ TEST(TopkSoftmax, BenchProblemRuns) {
   EXPECT_NE(b->shape.find("E=128"), std::string::npos) << b->shape;
 }
 
+
+// ------------------------------------------------------------------ CUDA kernel (topk_softmax_sm90)
+// Skipped without a CUDA device. The kernel is compared with topk_softmax_ref: ids and
+// token_expert_indices exactly, weights within kWeightAtol / kWeightRtol.
+
+// Top-k sizes for the random CUDA shapes: 1, 8, 32 and Eg itself (small Eg), capped at Eg.
+std::vector<int> cuda_ks(int64_t Eg) {
+  std::vector<int> ks;
+  for (int64_t k : {int64_t(1), int64_t(8), int64_t(32), Eg <= 64 ? Eg : int64_t(1)}) {
+    const int kk = int(std::min(k, Eg));
+    if (std::find(ks.begin(), ks.end(), kk) == ks.end()) ks.push_back(kk);
+  }
+  return ks;
+}
+
+// Eg in {1, 6, 8, 60, 128, 256, 257, 512} x the k above x T in {0, 1, 7, 4096} (4096 only for k <= 8,
+// to keep the ref's O(k^2 Eg) selection fast), bf16 and f32, certified random logits.
+void expect_cuda_random_shapes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&)) {
+  for (int64_t Eg : {1, 6, 8, 60, 128, 256, 257, 512}) {
+    for (int k : cuda_ks(Eg)) {
+      testing::CheckRequest req;
+      req.shape.experts = Eg;
+      req.shape.topk = k;
+      req.shape.seed = uint64_t(Eg * 1000 + k);
+      req.edge_cases = false;
+      req.tokens = k <= 8 ? std::vector<int64_t>{0, 1, 7, 4096} : std::vector<int64_t>{1, 7};
+      routing_test::expect_cuda_check_passes(check, req, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
+    }
+  }
+}
+
+// One problem on the CUDA kernel (mirrored to the device) and on the ref.
+void expect_cuda_matches_ref(const Buffer& gating, int k, bool renormalize, const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, k, renormalize);
+  RunOptions ref_opts;
+  ref_opts.kernel = "topk_softmax_ref";
+  ASSERT_TRUE(topk_softmax(want.p, ref_opts).ok());
+  Call got(gating, k, renormalize);
+  testing::DeviceMirror m(Backend::cuda);
+  TopkSoftmaxParams p = got.p;
+  ASSERT_TRUE(m.input(&p.gating).ok());
+  ASSERT_TRUE(m.output(&p.topk_weights).ok());
+  ASSERT_TRUE(m.output(&p.topk_ids).ok());
+  ASSERT_TRUE(m.output(&p.token_expert_indices).ok());
+  RunOptions opts;
+  opts.kernel = "topk_softmax_sm90";
+  const Status s = topk_softmax(p, opts);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(m.copy_back().ok());
+  testing::RoutingExpect e;
+  e.T = gating.view.shape[0];
+  e.k = k;
+  e.ids = testing::to_ints(want.ids.view);
+  e.weights = testing::to_doubles(want.w.view);
+  got.expect_outputs_match(e);
+  const testing::Metrics mt = testing::compare_exact(testing::to_ints(got.tei.view), testing::to_ints(want.tei.view),
+                                                     {e.T, e.k});
+  EXPECT_EQ(mt.mismatches, 0) << mt.worst;
+}
+
+TEST(TopkSoftmax, CudaKernelIsRegisteredAndRefusesHostTensorsAndLargeEg) {
+  const Kernel* k = registry().find("topk_softmax_sm90");
+  if (k == nullptr) GTEST_SKIP() << "built without CUDA";
+  EXPECT_EQ(k->backend, Backend::cuda);
+  EXPECT_GE(k->priority, 100);
+  Buffer g = certified_logits(3, 2, 8, 2, DType::f32);
+  Call c(g, 2);
+  const Status host = k->supports(&c.p);
+  EXPECT_EQ(host.code(), StatusCode::unsupported);
+  EXPECT_NE(host.message().find("gating"), std::string::npos) << host.message();
+  TopkSoftmaxParams big = c.p;
+  for (TensorView* t : {&big.gating, &big.topk_weights, &big.topk_ids, &big.token_expert_indices}) {
+    t->device = Device::cuda;
+  }
+  big.gating.shape[1] = 513;
+  const Status wide = k->supports(&big);
+  EXPECT_EQ(wide.code(), StatusCode::unsupported);
+  EXPECT_NE(wide.message().find("513"), std::string::npos) << wide.message();
+}
+
+TEST(TopkSoftmax, CudaEdgeCasesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "mixtral";
+  req.tokens = {1};
+  routing_test::expect_cuda_check_passes(testing::check_topk_softmax, req, "edge cases");
+}
+
+TEST(TopkSoftmax, CudaNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  int n = 0;
+  for (int64_t Eg : {8, 60, 257, 512}) {
+    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
+      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const Buffer g = routing_test::nonfinite_logits(uint64_t(100 + n), 97, Eg, dt);
+      expect_cuda_matches_ref(g, k, n % 2 == 0, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k) + " " +
+                                                    dtype_name(dt));
+      ++n;
+    }
+  }
+}
+
+TEST(TopkSoftmax, CudaRandomShapesMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_cuda_random_shapes(testing::check_topk_softmax);
+}
+
+TEST(TopkSoftmax, CudaPresetsMatchRef) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 64, 4096};
+    routing_test::expect_cuda_check_passes(testing::check_topk_softmax, req, model);
+  }
+}
+
+TEST(TopkSoftmax, CudaBenchProblemRuns) {
+  const std::string why = routing_test::cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::BenchRequest req;
+  req.shape.model = "deepseek-v3";
+  std::unique_ptr<testing::BenchProblem> b;
+  const Status s = testing::bench_topk_softmax(req, 64, *registry().find("topk_softmax_sm90"), &b);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Status r = b->run();
+  EXPECT_TRUE(r.ok()) << r.to_string();
+}
+
 }  // namespace
 }  // namespace moekit

@@ -16,6 +16,10 @@ Status require_device(std::initializer_list<std::pair<const char*, const void*>>
 }
 
 void register_cuda_kernels(Registry& r) {
+  register_topk_softmax_sm90(r);
+  register_grouped_topk_sm90(r);
+  register_sigmoid_topk_sm90(r);
+  register_sort_tokens_sm90(r);
   register_fused_moe_sm90_small_m(r);
   register_fused_moe_sm90_grouped(r);
 }

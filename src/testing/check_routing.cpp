@@ -2,8 +2,11 @@
 // cases, then the requested shape for each token count, run on every kernel of the op. The ref
 // kernel is compared with the float64 oracles of src/testing/oracle_routing.h, every other kernel
 // with the ref kernel. ids (and token_expert_indices) must match exactly; weights within
-// |a - b| <= kWeightAtol + kWeightRtol * |b|. Used by `moekit check` / `moekit bench` and by
-// tests/test_{topk_softmax,grouped_topk,sigmoid_topk}.cpp.
+// |a - b| <= kWeightAtol + kWeightRtol * |b|. Device kernels (the CUDA *_sm90 kernels) run on
+// mirrored copies of each problem (DeviceMirror: inputs copied to the device, outputs copied back
+// over the poisoned host buffers) and are reported skipped (ok) when their backend is unavailable.
+// The bench problems keep their device copies alive and synchronise after each run. Used by
+// `moekit check` / `moekit bench` and by tests/test_{topk_softmax,grouped_topk,sigmoid_topk}.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,33 +105,71 @@ SigmoidTopkParams sigmoid_params(const RoutingCase& c, Outputs* o) {
   return p;
 }
 
-// Calls the op's front door with an explicit kernel (RunOptions::kernel).
-Status invoke(OpKind op, const RoutingCase& c, Outputs* o, const char* kernel) {
-  RunOptions opts;
-  opts.kernel = kernel;
+// The op's params for case c with outputs o, moved to the kernel's device by `m` (inputs mirrored,
+// outputs mirrored and registered for copy_back; a no-op for host kernels).
+struct MirroredParams {
+  TopkSoftmaxParams softmax;
+  GroupedTopkParams grouped;
+  SigmoidTopkParams sigmoid;
+};
+
+Status mirror_params(OpKind op, const RoutingCase& c, Outputs* o, DeviceMirror& m, MirroredParams* mp) {
   switch (op) {
-    case OpKind::topk_softmax: return topk_softmax(softmax_params(c, o), opts);
-    case OpKind::grouped_topk: return grouped_topk(grouped_params(c, o), opts);
-    default: return sigmoid_topk(sigmoid_params(c, o), opts);
+    case OpKind::topk_softmax: {
+      TopkSoftmaxParams& p = mp->softmax = softmax_params(c, o);
+      MOEKIT_RETURN_IF_ERROR(m.input(&p.gating));
+      MOEKIT_RETURN_IF_ERROR(m.output(&p.topk_weights));
+      MOEKIT_RETURN_IF_ERROR(m.output(&p.topk_ids));
+      return m.output(&p.token_expert_indices);
+    }
+    case OpKind::grouped_topk: {
+      GroupedTopkParams& p = mp->grouped = grouped_params(c, o);
+      MOEKIT_RETURN_IF_ERROR(m.input(&p.gating));
+      MOEKIT_RETURN_IF_ERROR(m.input(&p.correction_bias));
+      MOEKIT_RETURN_IF_ERROR(m.output(&p.topk_weights));
+      return m.output(&p.topk_ids);
+    }
+    default: {
+      SigmoidTopkParams& p = mp->sigmoid = sigmoid_params(c, o);
+      MOEKIT_RETURN_IF_ERROR(m.input(&p.gating));
+      MOEKIT_RETURN_IF_ERROR(m.output(&p.topk_weights));
+      return m.output(&p.topk_ids);
+    }
   }
 }
 
-// The kernel's own supports() verdict on this problem.
-Status kernel_supports(OpKind op, const RoutingCase& c, Outputs* o, const Kernel& kernel) {
+// The kernel's own supports() verdict on (mirrored) params.
+Status params_supported(OpKind op, const MirroredParams& mp, const Kernel& kernel) {
   switch (op) {
-    case OpKind::topk_softmax: {
-      const TopkSoftmaxParams p = softmax_params(c, o);
-      return kernel.supports(&p);
-    }
-    case OpKind::grouped_topk: {
-      const GroupedTopkParams p = grouped_params(c, o);
-      return kernel.supports(&p);
-    }
-    default: {
-      const SigmoidTopkParams p = sigmoid_params(c, o);
-      return kernel.supports(&p);
-    }
+    case OpKind::topk_softmax: return kernel.supports(&mp.softmax);
+    case OpKind::grouped_topk: return kernel.supports(&mp.grouped);
+    default: return kernel.supports(&mp.sigmoid);
   }
+}
+
+// Calls the op's front door on (mirrored) params with an explicit kernel (RunOptions::kernel).
+Status call_op(OpKind op, const MirroredParams& mp, const char* kernel) {
+  RunOptions opts;
+  opts.kernel = kernel;
+  switch (op) {
+    case OpKind::topk_softmax: return topk_softmax(mp.softmax, opts);
+    case OpKind::grouped_topk: return grouped_topk(mp.grouped, opts);
+    default: return sigmoid_topk(mp.sigmoid, opts);
+  }
+}
+
+// Runs case c on `kernel` (on its device, outputs copied back into o). *refused gets the kernel's
+// supports() verdict when it refuses a T > 0 problem (nothing is run then).
+Status invoke(OpKind op, const RoutingCase& c, Outputs* o, const Kernel& kernel, Status* refused = nullptr) {
+  DeviceMirror m(kernel.backend);
+  MirroredParams mp;
+  MOEKIT_RETURN_IF_ERROR(mirror_params(op, c, o, m, &mp));
+  if (refused && c.T() > 0) {
+    *refused = params_supported(op, mp, kernel);
+    if (!refused->ok()) return Status::Ok();
+  }
+  MOEKIT_RETURN_IF_ERROR(call_op(op, mp, kernel.name));
+  return m.copy_back();
 }
 
 RoutingExpect oracle(OpKind op, const RoutingCase& c) {
@@ -170,18 +211,22 @@ CaseResult run_case(OpKind op, const RoutingCase& c, const Kernel& kernel) {
   r.name = c.name;
   const bool is_ref = kernel.backend == Backend::ref;
   r.reference = is_ref ? "oracle" : "ref";
-  Outputs got(c.T(), c.k);
-  if (c.T() > 0) {
-    const Status sup = kernel_supports(op, c, &got, kernel);
-    if (!sup.ok()) {  // a kernel may refuse a problem (SPEC 3.6); that is not a failure
-      r.ok = true;
-      r.detail = "skipped: kernel refuses the problem: " + sup.message();
-      return r;
-    }
+  const Status avail = registry().backend_available(kernel.backend);
+  if (!avail.ok()) {  // e.g. no CUDA device on this machine: not a failure
+    r.ok = true;
+    r.detail = "skipped: backend " + std::string(backend_name(kernel.backend)) + " unavailable: " + avail.message();
+    return r;
   }
-  const Status s = invoke(op, c, &got, kernel.name);
+  Outputs got(c.T(), c.k);
+  Status sup;
+  const Status s = invoke(op, c, &got, kernel, &sup);
   if (!s.ok()) {
     r.detail = s.to_string();
+    return r;
+  }
+  if (!sup.ok()) {  // a kernel may refuse a problem (SPEC 3.6); that is not a failure
+    r.ok = true;
+    r.detail = "skipped: kernel refuses the problem: " + sup.message();
     return r;
   }
   if (c.T() == 0) {
@@ -195,7 +240,7 @@ CaseResult run_case(OpKind op, const RoutingCase& c, const Kernel& kernel) {
   } else {
     const Kernel* ref = registry().find(std::string(op_name(op)) + "_ref");
     Outputs want(c.T(), c.k);
-    const Status rs = ref ? invoke(op, c, &want, ref->name) : Internal("no ", op_name(op), "_ref kernel");
+    const Status rs = ref ? invoke(op, c, &want, *ref) : Internal("no ", op_name(op), "_ref kernel");
     if (!rs.ok()) {
       r.detail = "reference run failed: " + rs.to_string();
       return r;
@@ -485,20 +530,26 @@ std::vector<CaseResult> check_op(OpKind op, const CheckRequest& req) {
 }
 
 // ---------------------------------------------------------------- bench
-// One routing problem with bf16 logits; run() calls the op once on the chosen kernel.
+// One routing problem with bf16 logits, mirrored once to the kernel's device; run() calls the op
+// once on the chosen kernel and, for a device kernel, waits for it (DeviceOps::synchronize) so host
+// timing covers the work.
 struct RoutingBench : BenchProblem {
   OpKind op = OpKind::topk_softmax;
   RoutingCase c;
   std::unique_ptr<Outputs> out;
   const Kernel* kernel = nullptr;
-  Status run() override { return invoke(op, c, out.get(), kernel->name); }
+  std::unique_ptr<DeviceMirror> mirror;  // owns the device copies the params point at
+  MirroredParams params;
+  Status run() override {
+    MOEKIT_RETURN_IF_ERROR(call_op(op, params, kernel->name));
+    const DeviceOps* ops = registry().device_ops(kernel->backend);
+    return ops ? ops->synchronize() : Status::Ok();
+  }
 };
 
 Status prepare_bench(OpKind op, const BenchRequest& req, int64_t tokens, const Kernel& k,
                      std::unique_ptr<BenchProblem>* result) {
-  if (k.backend == Backend::cuda) {
-    return Unsupported(op_name(op), " bench: kernel ", k.name, " needs device buffers, which this bench does not allocate");
-  }
+  MOEKIT_RETURN_IF_ERROR(registry().backend_available(k.backend));
   MoeShape s;
   MOEKIT_RETURN_IF_ERROR(resolve_shape(req.shape, tokens, &s));
   auto b = std::make_unique<RoutingBench>();
@@ -535,6 +586,8 @@ Status prepare_bench(OpKind op, const BenchRequest& req, int64_t tokens, const K
   b->bytes = T * E * 2.0 + out_bytes;
   b->shape = shape.str();
   b->out = std::make_unique<Outputs>(tokens, s.k);
+  b->mirror = std::make_unique<DeviceMirror>(k.backend);
+  MOEKIT_RETURN_IF_ERROR(mirror_params(op, b->c, b->out.get(), *b->mirror, &b->params));
   *result = std::move(b);
   return Status::Ok();
 }

@@ -5,9 +5,15 @@
 // {1, 16, 64, 128}, both encodings and both expert-parallel forms. The ref kernel is compared with
 // the oracle (src/testing/oracle_sort_tokens.cpp), every other kernel with the ref kernel. All
 // outputs are compared exactly, every element (weights bit-exactly: they are copies).
-// bench_sort_tokens: one random problem at block_m 64, packed encoding.
+// Device kernels (e.g. sort_tokens_sm90) run on mirrored copies of the problem (DeviceMirror, device
+// workspace from sort_tokens_workspace_size) and are reported skipped when their backend is
+// unavailable; they also get one case with invalid ids, which they must skip and count in
+// error_count (expected: the ref's outputs with those ids replaced by -1).
+// bench_sort_tokens: one random problem at block_m 64, packed encoding, on the kernel's device.
 // Test: tests/test_sort_tokens.cpp (CheckHarness*).
+#include <cstdint>
 #include <sstream>
+#include <string>
 
 #include "moekit/ops/sorting.h"
 #include "testing/harness.h"
@@ -130,14 +136,53 @@ std::vector<NamedCase> shape_cases(const MoeShape& s) {
   return cases;
 }
 
-// Runs `kernel` on a copy of the problem (outputs poisoned first, so unwritten elements show).
-Status run_kernel(const SortTokensInput& in, const char* kernel, SortTokensOutput* out) {
+// Mirrors a problem's tensors to the device of `m` and gives it device workspace for `kernel`.
+Status mirror_problem(SortTokensParams* p, DeviceMirror& m, const char* kernel, RunOptions* opts) {
+  for (TensorView* t : {&p->topk_ids, &p->topk_weights, &p->expert_mask, &p->expert_map}) {
+    MOEKIT_RETURN_IF_ERROR(m.input(t));
+  }
+  for (TensorView* t : {&p->sorted_token_ids, &p->sorted_weights, &p->sorted_expert_ids, &p->num_valid,
+                        &p->error_count}) {
+    MOEKIT_RETURN_IF_ERROR(m.output(t));
+  }
+  opts->kernel = kernel;
+  size_t bytes = 0;
+  MOEKIT_RETURN_IF_ERROR(sort_tokens_workspace_size(*p, *opts, &bytes));
+  if (m.on_device()) {
+    MOEKIT_RETURN_IF_ERROR(m.scratch(bytes, &opts->workspace));
+    opts->workspace_bytes = bytes;
+  }
+  return Status::Ok();
+}
+
+const Kernel& ref_kernel() { return *registry().find(kRefKernel); }
+
+}  // namespace
+
+Status run_sort_tokens_kernel(const SortTokensInput& in, const Kernel& kernel, SortTokensOutput* out,
+                              int32_t* error_count) {
   SortTokensBuffers b(in);
   b.poison(0xAB);
+  Buffer err(DType::i32, {1});
+  err.fill_bytes(0xAB);
+  SortTokensParams p = b.params();
+  p.error_count = err.view;
+  DeviceMirror m(kernel.backend);
   RunOptions opts;
-  opts.kernel = kernel;
-  MOEKIT_RETURN_IF_ERROR(sort_tokens(b.params(), opts));
+  MOEKIT_RETURN_IF_ERROR(mirror_problem(&p, m, kernel.name, &opts));
+  MOEKIT_RETURN_IF_ERROR(sort_tokens(p, opts));
+  MOEKIT_RETURN_IF_ERROR(m.copy_back());
   *out = b.output();
+  if (error_count) *error_count = err.data<int32_t>()[0];
+  return Status::Ok();
+}
+
+namespace {
+
+Status run_kernel(const SortTokensInput& in, const Kernel& kernel, SortTokensOutput* out) {
+  int32_t errors = 0;
+  MOEKIT_RETURN_IF_ERROR(run_sort_tokens_kernel(in, kernel, out, &errors));
+  if (errors != 0) return Internal(kernel.name, ": error_count = ", errors, " on valid ids");
   return Status::Ok();
 }
 
@@ -149,6 +194,12 @@ CaseResult check_one(const Kernel& k, const NamedCase& c, uint64_t seed) {
   r.name = c.name;
   const bool is_ref = std::string(k.name) == kRefKernel;
   r.reference = is_ref ? "oracle" : "ref";
+  const Status avail = registry().backend_available(k.backend);
+  if (!avail.ok()) {  // e.g. no CUDA device on this machine: not a failure
+    r.ok = true;
+    r.detail = "skipped: backend " + std::string(backend_name(k.backend)) + " unavailable: " + avail.message();
+    return r;
+  }
   Rng rng(seed);
   const SortTokensInput in = random_sort_input(c.gen, rng);
 
@@ -156,14 +207,14 @@ CaseResult check_one(const Kernel& k, const NamedCase& c, uint64_t seed) {
   if (is_ref) {
     expected = oracle_sort_tokens(in);
   } else {
-    Status s = run_kernel(in, kRefKernel, &expected);
+    Status s = run_kernel(in, ref_kernel(), &expected);
     if (!s.ok()) {
       r.detail = "reference kernel failed: " + s.to_string();
       return r;
     }
   }
   SortTokensOutput actual;
-  Status s = run_kernel(in, k.name, &actual);
+  Status s = run_kernel(in, k, &actual);
   if (!s.ok()) {
     r.detail = s.to_string();
     return r;
@@ -174,18 +225,81 @@ CaseResult check_one(const Kernel& k, const NamedCase& c, uint64_t seed) {
   return r;
 }
 
+// Device kernels only (host kernels reject bad ids before writing): ids outside [-1, Eg) are
+// skipped and counted. Expected: the ref's outputs with those ids replaced by -1.
+CaseResult check_bad_ids(const Kernel& k, const MoeShape& s, uint64_t seed) {
+  CaseResult r;
+  r.op = op_name(OpKind::sort_tokens);
+  r.kernel = k.name;
+  r.backend = backend_name(k.backend);
+  r.reference = "ref";
+  SortTokensGen g;
+  g.T = 9;
+  g.Eg = s.E;
+  g.k = s.k;
+  g.block_m = 16;
+  r.name = "edge:invalid ids counted in error_count " + describe(g);
+  const Status avail = registry().backend_available(k.backend);
+  if (!avail.ok()) {
+    r.ok = true;
+    r.detail = "skipped: backend " + std::string(backend_name(k.backend)) + " unavailable: " + avail.message();
+    return r;
+  }
+  Rng rng(seed);
+  SortTokensInput bad = random_sort_input(g, rng);
+  SortTokensInput clean = bad;
+  const int32_t wrong[] = {int32_t(s.E), -2, int32_t(s.E) + 1000, INT32_MIN};
+  int32_t n_bad = 0;
+  for (size_t i = 0; i < bad.topk_ids.size(); i += 5) {
+    bad.topk_ids[i] = wrong[n_bad % 4];
+    clean.topk_ids[i] = -1;
+    ++n_bad;
+  }
+  SortTokensOutput expected, actual;
+  Status st = run_kernel(clean, ref_kernel(), &expected);
+  if (!st.ok()) {
+    r.detail = "reference kernel failed: " + st.to_string();
+    return r;
+  }
+  int32_t errors = -1;
+  st = run_sort_tokens_kernel(bad, k, &actual, &errors);
+  if (!st.ok()) {
+    r.detail = st.to_string();
+    return r;
+  }
+  r.metrics = compare_sort_outputs(actual, expected);
+  r.metrics.count += 1;
+  if (errors != n_bad) {
+    r.metrics.mismatches += 1;
+    r.metrics.worst = "error_count " + std::to_string(errors) + ", want " + std::to_string(n_bad);
+  }
+  r.ok = r.metrics.mismatches == 0;
+  r.detail = r.ok ? "exact, error_count = " + std::to_string(n_bad) : r.metrics.worst;
+  return r;
+}
+
+// The problem mirrored once to the kernel's device (workspace included); run() sorts once and, for
+// a device kernel, waits for it (DeviceOps::synchronize) so host timing covers the work.
 class SortTokensBench : public BenchProblem {
  public:
-  SortTokensBench(const SortTokensInput& in, const char* kernel) : buffers_(in), kernel_(kernel) {}
+  SortTokensBench(const SortTokensInput& in, const Kernel& kernel)
+      : buffers_(in), mirror_(kernel.backend), kernel_(kernel) {}
+  Status prepare() {
+    params_ = buffers_.params();
+    return mirror_problem(&params_, mirror_, kernel_.name, &opts_);
+  }
   Status run() override {
-    RunOptions opts;
-    opts.kernel = kernel_;
-    return sort_tokens(buffers_.params(), opts);
+    MOEKIT_RETURN_IF_ERROR(sort_tokens(params_, opts_));
+    const DeviceOps* ops = registry().device_ops(kernel_.backend);
+    return ops ? ops->synchronize() : Status::Ok();
   }
 
  private:
   SortTokensBuffers buffers_;
-  const char* kernel_;
+  DeviceMirror mirror_;
+  const Kernel& kernel_;
+  SortTokensParams params_;
+  RunOptions opts_;
 };
 
 }  // namespace
@@ -219,9 +333,14 @@ std::vector<CaseResult> check_sort_tokens(const CheckRequest& req) {
     }
     for (NamedCase& c : shape_cases(s)) cases.push_back(std::move(c));
   }
+  MoeShape bad_shape;
+  const bool bad_ok = req.edge_cases && resolve_shape(req.shape, 1, &bad_shape).ok();
   for (const Kernel* k : kernels_to_check(OpKind::sort_tokens, req)) {
     for (size_t i = 0; i < cases.size(); ++i) {
       results.push_back(check_one(*k, cases[i], req.shape.seed * 1000003u + i));
+    }
+    if (bad_ok && registry().device_ops(k->backend) != nullptr) {
+      results.push_back(check_bad_ids(*k, bad_shape, req.shape.seed * 1000003u + cases.size()));
     }
   }
   return results;
@@ -238,7 +357,9 @@ Status bench_sort_tokens(const BenchRequest& req, int64_t tokens, const Kernel& 
   g.block_m = kBenchBlockM;
   Rng rng(req.shape.seed);
   const SortTokensInput in = random_sort_input(g, rng);
-  auto problem = std::make_unique<SortTokensBench>(in, k.name);
+  MOEKIT_RETURN_IF_ERROR(registry().backend_available(k.backend));
+  auto problem = std::make_unique<SortTokensBench>(in, k);
+  MOEKIT_RETURN_IF_ERROR(problem->prepare());
   const int64_t max_padded = sort_tokens_max_padded(in.T, in.k, in.E, in.block_m);
   const int64_t max_blocks = sort_tokens_max_blocks(in.T, in.k, in.E, in.block_m);
   problem->shape = s.label + " " + describe(g);

@@ -75,6 +75,13 @@ struct SortTokensBuffers {
   SortTokensOutput output() const;
 };
 
+// Runs `kernel` on a copy of the problem through sort_tokens() (outputs poisoned with 0xAB first, so
+// unwritten elements show), on the kernel's device when it has one (DeviceMirror, device workspace
+// from sort_tokens_workspace_size); *error_count (optional) gets the error_count output. Defined in
+// src/testing/check_sort_tokens.cpp.
+Status run_sort_tokens_kernel(const SortTokensInput& in, const Kernel& kernel, SortTokensOutput* out,
+                              int32_t* error_count = nullptr);
+
 // Exact compare of every element of every output; weights are compared as bit patterns. Metrics
 // count all elements; `worst` names the output of the first mismatch.
 Metrics compare_sort_outputs(const SortTokensOutput& actual, const SortTokensOutput& expected);

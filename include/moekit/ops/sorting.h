@@ -38,6 +38,7 @@
 // the map whenever they live on the host (device data is checked by the device kernel).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "moekit/core/tensor_view.h"
@@ -68,6 +69,10 @@ struct SortTokensParams {
   TensorView sorted_weights;    // [max_padded] f32 out: weight of each entry, 0 for padding
   TensorView sorted_expert_ids; // [max_blocks] i32 out: local expert of each block, -1 if unused
   TensorView num_valid;         // [1] i32 out: padded length actually used (a multiple of block_m)
+  TensorView error_count;       // [1] i32 out, optional: number of ids outside [-1, Eg). Device
+                                //   kernels skip such ids (they are never used as an index) and
+                                //   count them here; host kernels reject them before any write, so
+                                //   on success they write 0
 };
 
 // Capacity of sorted_token_ids / sorted_weights. The SPEC formula T*k + E*block_m - k covers the
@@ -91,6 +96,9 @@ constexpr int64_t sort_tokens_max_blocks(int64_t T, int64_t k, int64_t E, int64_
 // Sorts one routing result. Unlike most ops, T = 0 still runs the kernel: num_valid is set to 0
 // and the fixed-size outputs are filled with padding, so consumers never read stale values.
 Status sort_tokens(const SortTokensParams& p, const RunOptions& opts = {});
+// Workspace bytes the kernel selected for these params / options needs (0 for host kernels; the
+// CUDA kernel needs device scratch, passed as RunOptions::workspace).
+Status sort_tokens_workspace_size(const SortTokensParams& p, const RunOptions& opts, size_t* bytes);
 // Every check sort_tokens() makes before writing anything (shapes, dtypes, limits, and the data
 // checks of the header comment for host-resident ids / mask / map).
 Status validate_sort_tokens(const SortTokensParams& p);

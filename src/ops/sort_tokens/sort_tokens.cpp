@@ -6,6 +6,7 @@
 // range and injectivity, every topk id in [-1, Eg)). Device data is checked by the device kernel.
 #include <limits>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
@@ -157,6 +158,9 @@ Status validate_sort_tokens(const SortTokensParams& p) {
   MOEKIT_RETURN_IF_ERROR(check_output(p, p.sorted_weights, "sorted_weights", DType::f32, max_padded));
   MOEKIT_RETURN_IF_ERROR(check_output(p, p.sorted_expert_ids, "sorted_expert_ids", DType::i32, max_blocks));
   MOEKIT_RETURN_IF_ERROR(check_output(p, p.num_valid, "num_valid", DType::i32, 1));
+  if (p.error_count.present()) {
+    MOEKIT_RETURN_IF_ERROR(check_output(p, p.error_count, "error_count", DType::i32, 1));
+  }
 
   // Data checks, only where the data is readable here.
   if (p.topk_ids.device == Device::cpu) {
@@ -166,15 +170,27 @@ Status validate_sort_tokens(const SortTokensParams& p) {
   return Status::Ok();
 }
 
-Status sort_tokens(const SortTokensParams& p, const RunOptions& opts) {
-  MOEKIT_RETURN_IF_ERROR(validate_sort_tokens(p));
-  // NOTE: no early return for T = 0. num_valid [1] and the padded outputs exist even then, and a
-  // consumer reads num_valid: the kernel writes 0 there and fills the padding.
+namespace {
+std::string shape_key(const SortTokensParams& p) {
   std::ostringstream key;
   key << "T=" << p.topk_ids.shape[0] << " k=" << p.topk_ids.shape[1] << " E=" << p.num_experts
       << " block_m=" << p.block_m << ' ' << sort_encoding_name(p.encoding)
       << (p.expert_mask.present() ? " mask" : "") << (p.expert_map.present() ? " map" : "");
-  return dispatch(OpKind::sort_tokens, MoeVariant::none, &p, opts, key.str());
+  return key.str();
+}
+}  // namespace
+
+Status sort_tokens(const SortTokensParams& p, const RunOptions& opts) {
+  MOEKIT_RETURN_IF_ERROR(validate_sort_tokens(p));
+  // NOTE: no early return for T = 0. num_valid [1] and the padded outputs exist even then, and a
+  // consumer reads num_valid: the kernel writes 0 there and fills the padding.
+  return dispatch(OpKind::sort_tokens, MoeVariant::none, &p, opts, shape_key(p));
+}
+
+Status sort_tokens_workspace_size(const SortTokensParams& p, const RunOptions& opts, size_t* bytes) {
+  *bytes = 0;
+  MOEKIT_RETURN_IF_ERROR(validate_sort_tokens(p));
+  return dispatch_workspace_size(OpKind::sort_tokens, MoeVariant::none, &p, opts, shape_key(p), bytes);
 }
 
 }  // namespace moekit

@@ -25,7 +25,8 @@ Status supports(const SortTokensParams& p) {
                        {"sorted_token_ids", &p.sorted_token_ids},
                        {"sorted_weights", &p.sorted_weights},
                        {"sorted_expert_ids", &p.sorted_expert_ids},
-                       {"num_valid", &p.num_valid}});
+                       {"num_valid", &p.num_valid},
+                       {"error_count", &p.error_count}});
 }
 
 // local[g] = local expert of global expert g, or -1 when it is not held here.
@@ -110,6 +111,7 @@ Status run(const SortTokensParams& p, const RunContext&) {
     }
   }
   p.num_valid.ptr<int32_t>()[0] = int32_t(num_valid);
+  if (p.error_count.present()) p.error_count.ptr<int32_t>()[0] = 0;  // bad ids were rejected in pass 1
   return Status::Ok();
 }
 

@@ -1,0 +1,95 @@
+// sigmoid_topk Hopper kernel (SPEC 1.3, contract include/moekit/ops/routing.h): one warp per token
+// row, the cleaned raw logits in registers, k rounds of warp argmax, weight = sigmoid(pick).
+// Deterministic always (no atomics). Test: tests/test_sigmoid_topk.cpp (Cuda*), compared with
+// sigmoid_topk_ref through check_sigmoid_topk (src/testing/check_routing.cpp).
+//
+// NaN logits rank as -inf (weight 0), ties go to the lower id, -inf picks weigh 0 and +inf picks 1
+// (the reference's sigmoid_f32 formula). Eg <= 512, k <= Eg, any row stride.
+#include <cstdint>
+
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_utils.h"
+#include "moekit/ops/routing.h"
+#include "ops/routing_sm90.cuh"
+
+namespace moekit::cuda {
+
+namespace {
+
+using namespace routing;
+
+struct Args {
+  const void* gating;
+  DType dtype;
+  int64_t row_stride;  // elements
+  int64_t T;
+  int Eg, k;
+  float* weights;
+  int32_t* ids;
+};
+
+template <int VPT>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock) sigmoid_topk_kernel(const Args a) {
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= a.T) return;  // whole warp leaves together
+
+  float x[VPT];
+  uint32_t taken = load_row<VPT>(a.gating, a.dtype, a.row_stride, row, a.Eg, lane, x);
+  const int64_t out = row * a.k;
+  for (int j = 0; j < a.k; ++j) {
+    const Cand c = warp_best(lane_best<VPT>(x, taken, 0u, lane));
+    if ((c.id & (kWarp - 1)) == lane) taken |= 1u << (c.id / kWarp);
+    if (lane == 0) {
+      a.ids[out + j] = c.id;
+      a.weights[out + j] = sigmoid_f32(c.v);
+    }
+  }
+}
+
+Status supports(const SigmoidTopkParams& p) {
+  MOEKIT_RETURN_IF_ERROR(
+      require_device({{"gating", &p.gating}, {"topk_weights", &p.topk_weights}, {"topk_ids", &p.topk_ids}}));
+  if (p.gating.shape[1] > kMaxExperts) {
+    return Unsupported("sigmoid_topk_sm90: Eg must be <= ", kMaxExperts, " (one register row per warp), got ",
+                       p.gating.shape[1]);
+  }
+  return Status::Ok();
+}
+
+template <int VPT>
+void launch(const Args& a, cudaStream_t stream) {
+  sigmoid_topk_kernel<VPT><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
+}
+
+Status run(const SigmoidTopkParams& p, const RunContext& ctx) {
+  Args a;
+  a.gating = p.gating.data;
+  a.dtype = p.gating.dtype;
+  a.row_stride = p.gating.stride[0];
+  a.T = p.gating.shape[0];
+  a.Eg = int(p.gating.shape[1]);
+  a.k = p.k;
+  a.weights = p.topk_weights.ptr<float>();
+  a.ids = p.topk_ids.ptr<int32_t>();
+  if (a.T == 0) return Status::Ok();
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  switch (values_per_lane(a.Eg)) {
+    case 1: launch<1>(a, stream); break;
+    case 2: launch<2>(a, stream); break;
+    case 4: launch<4>(a, stream); break;
+    case 8: launch<8>(a, stream); break;
+    default: launch<16>(a, stream); break;
+  }
+  return last_launch("sigmoid_topk_sm90");
+}
+
+}  // namespace
+
+void register_sigmoid_topk_sm90(Registry& r) {
+  r.add({"sigmoid_topk_sm90", OpKind::sigmoid_topk, MoeVariant::none, Backend::cuda,
+         "gating f32|bf16|f16 (Eg <= 512) -> f32 weights, i32 ids; f32 math, warp per row", 100,
+         erase_supports<SigmoidTopkParams, supports>, nullptr, erase_run<SigmoidTopkParams, run>});
+}
+
+}  // namespace moekit::cuda
