@@ -331,7 +331,7 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(notes, "cuda: %g GB/s (%s), %g / %g GFLOP/s bf16 / fp8%s\n", peak_gbps > 0 ? peak_gbps : d.gbps.value,
                  peak_gbps > 0 ? "--peak-gbps" : d.gbps.how.c_str(), peak_gflops > 0 ? peak_gflops : d.gflops.value,
                  peak_gflops > 0 ? peak_gflops : d8.gflops.value,
-                 peak_gflops > 0 ? " (--peak-gflops)" : " (nominal H200)");
+                 peak_gflops > 0 ? " (--peak-gflops)" : " (H200 ceilings of ANCHORS.md)");
   }
   if (!a.json) {
     std::printf("\n");
