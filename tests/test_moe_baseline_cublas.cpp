@@ -5,7 +5,9 @@
 //   - on the GPU (GTEST_SKIP without one): the baseline's output against the ref kernel's on small
 //     problems (bf16 / f16, every activation, g1u0, weight on input, expert mask / map, -1 ids,
 //     row-strided x / out, rows not a multiple of 16 bytes), run-to-run bit equality, a timing
-//     call, and time_graph's errors (a launch that fails, a launch that synchronises in capture).
+//     call, and time_graph's errors (a launch that fails, a launch that synchronises in capture);
+//     the bench's device weight fill; the bench hook's device path end to end with the first
+//     registered CUDA fused_moe kernel (skipped while there is none).
 // Tolerance: the baseline rounds h (= [g | u]) and each expert's output y to x's dtype before the
 // activation and the weighted sum (what an unfused bf16 framework path does); the ref keeps both in
 // f32. So the bound is about twice kernel_vs_ref's: 3e-2 of rms + 3e-2 relative for bf16, 4e-3 for
@@ -21,6 +23,7 @@
 #include "testing/oracle_fused_moe.h"
 
 #if MOEKIT_WITH_CUDA
+#include "cuda/bench_fill.h"
 #include "cuda/moe_baseline_cublas.h"
 #endif
 
@@ -317,6 +320,60 @@ TEST(MoeBaselineCublas, TimeGraphEmptyLaunchAndErrors) {
   ASSERT_TRUE(ops->alloc(256, &p).ok());
   EXPECT_TRUE(ops->memset(p, 0, 256).ok());
   ops->free(p);
+}
+
+TEST(MoeBaselineCublas, FillNormalDevice) {
+  SKIP_WITHOUT_DEVICE();
+  const DeviceOps* ops = registry().device_ops(Backend::cuda);
+  const int64_t n = 1 << 16;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Buffer a(dt, {n}), b(dt, {n});
+    void* dev = nullptr;
+    ASSERT_TRUE(ops->alloc(size_t(a.view.nbytes()), &dev).ok());
+    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
+    ASSERT_TRUE(ops->copy_to_host(a.bytes.data(), dev, a.bytes.size()).ok());
+    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
+    ASSERT_TRUE(ops->copy_to_host(b.bytes.data(), dev, b.bytes.size()).ok());
+    ops->free(dev);
+    EXPECT_EQ(a.bytes, b.bytes);  // a function of (seed, index) only
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = a.get(i);
+      ASSERT_TRUE(std::isfinite(v)) << i;
+      sum += v;
+      sq += v * v;
+    }
+    const double mean = sum / double(n), sd = std::sqrt(sq / double(n) - mean * mean);
+    EXPECT_NEAR(mean, 0.0, 0.01);
+    EXPECT_NEAR(sd, 0.5, 0.01);
+  }
+}
+
+TEST(MoeBaselineCublas, BenchHookDevicePathEndToEnd) {
+  SKIP_WITHOUT_DEVICE();
+  const Kernel* kernel = nullptr;
+  for (const Kernel* k : registry().candidates(OpKind::fused_moe, MoeVariant::unquantized)) {
+    if (k->backend == Backend::cuda && kernel == nullptr) kernel = k;
+  }
+  if (kernel == nullptr) GTEST_SKIP() << "no CUDA fused_moe kernel registered yet";
+  BenchRequest req;
+  req.shape.model = "mixtral";  // the scaled-down preset
+  std::unique_ptr<BenchProblem> p;
+  Status st = bench_fused_moe(req, 64, *kernel, &p);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_GE(p->sets, 1);
+  EXPECT_GT(p->flops, 0);
+  EXPECT_GT(p->bytes, 0);
+  std::vector<double> us;
+  st = registry().device_ops(Backend::cuda)->time_graph([&](void* s, int set) { return p->launch(s, set); },
+                                                       p->sets, 1, 5, true, kernel->name, &us);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(us.size(), 5u);
+  double base = 0;
+  st = p->baseline(1, 5, &base);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(std::isfinite(base) && base > 0) << base;
 }
 
 #else

@@ -295,6 +295,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
 // The bench part (bench_fused_moe / bench_applies_fused_moe). Device problems also time the
 // unfused cuBLAS baseline, which exists only in CUDA builds.
 #if MOEKIT_WITH_CUDA
+#include "cuda/bench_fill.h"
 #include "cuda/moe_baseline_cublas.h"
 #endif
 
@@ -367,11 +368,16 @@ double set_bytes(const FusedMoeParams& p) {
   return b;
 }
 
-// Copies every tensor of host params h into a fresh device set (out as an output).
-Status mirror_set(DeviceMirror& m, FusedMoeParams h, FusedMoeParams* d) {
-  for (TensorView* t : {&h.x, &h.w1, &h.w2, &h.topk_ids, &h.topk_weights, &h.w1_scale, &h.w2_scale, &h.a1_scale,
-                        &h.expert_mask, &h.expert_map}) {
+// Copies the tensors of host params h into a fresh device set (out as an output); the weights too
+// unless `weights` is false (then d's w1 / w2 still view the host).
+Status mirror_set(DeviceMirror& m, FusedMoeParams h, bool weights, FusedMoeParams* d) {
+  for (TensorView* t : {&h.x, &h.topk_ids, &h.topk_weights, &h.w1_scale, &h.w2_scale, &h.a1_scale, &h.expert_mask,
+                        &h.expert_map}) {
     MOEKIT_RETURN_IF_ERROR(m.input(t));
+  }
+  if (weights) {
+    MOEKIT_RETURN_IF_ERROR(m.input(&h.w1));
+    MOEKIT_RETURN_IF_ERROR(m.input(&h.w2));
   }
   MOEKIT_RETURN_IF_ERROR(m.output(&h.out));
   *d = h;
@@ -401,10 +407,11 @@ bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k) {
 
 namespace {
 
-// flops, bytes and the shape line of a generated problem.
-void describe_bench(const MoeProblem& p, BenchProblem* b) {
-  const MoeShape& s = p.shape;
-  const double T = double(s.T), K = double(s.k), H = double(s.H), I = double(s.I), N1 = double(p.N1);
+// flops, bytes and the shape line of problem p of shape s (s may have another I than p.shape: the
+// device path generates p with I = 1 and the real weights on the device).
+void describe_bench(const MoeShape& s, const MoeProblem& p, BenchProblem* b) {
+  const double T = double(s.T), K = double(s.k), H = double(s.H), I = double(s.I);
+  const double N1 = p.opts.g1u1 ? 2 * I : I;
   b->flops = 2 * T * K * H * N1 + 2 * T * K * I * H;
   const double w_elem = dtype_size(p.w1.view.dtype);
   const double per_expert = (N1 * H + H * I) * w_elem +
@@ -420,31 +427,58 @@ void describe_bench(const MoeProblem& p, BenchProblem* b) {
   b->shape = os.str();
 }
 
-// The device path: up to kMaxDeviceSets input sets within kDeviceSetBudgetBytes. NOTE: the sets are
-// copies of one generated problem (same values, same routing, so every set does the same work) in
-// separate device buffers: what rotation prevents is one replay finding the previous replay's
-// weights in L2 (the bench also flushes L2 before each replay). Generating distinct full-size
-// weights per set would take minutes on the host for the big presets.
-Status prepare_device(MoeProblem& prob, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
+// The device path: up to kMaxDeviceSets input sets within kDeviceSetBudgetBytes.
+// NOTE: unquantized weights are generated ON THE DEVICE (cuda::fill_normal_device, a different seed
+// per set, std 1/sqrt(H) for w1 and 1/sqrt(I) for w2): on the host, full-size weights take minutes
+// (DeepSeek-V3: 11 G elements per set). The host problem is then generated with I = 1 (same x, same
+// routing, tiny weights). fp8 weights need the quantize recipe and scales: they are generated on
+// the host and copied to every set (same values in separate buffers; what rotation prevents is a
+// replay finding the previous replay's weights in L2, and the bench flushes L2 anyway).
+Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
+#if MOEKIT_WITH_CUDA
+  const bool device_weights = !is_fp8_scheme(s.scheme);
+#else
+  const bool device_weights = false;
+#endif
+  MoeShape gen = s;
+  if (device_weights) gen.I = 1;
+  MoeProblem prob;
+  MOEKIT_RETURN_IF_ERROR(make_moe_problem(gen, {}, seed, &prob));
   auto b = std::make_unique<DeviceMoeBench>(k.backend);
-  describe_bench(prob, b.get());
+  describe_bench(s, prob, b.get());
   const FusedMoeParams host = prob.params();
 #if MOEKIT_WITH_CUDA
   b->routing_status = cuda::moe_baseline_routing(host, &b->routing);
 #endif
-  const double per_set = set_bytes(host);
+  const int64_t E = prob.E, H = s.H, I = s.I, N1 = prob.opts.g1u1 ? 2 * I : I;
+  const DType wd = prob.w1.view.dtype;
+  const double weight_bytes = double(E) * double(N1 * H + H * I) * dtype_size(wd);
+  const double per_set = set_bytes(host) + (device_weights ? weight_bytes : 0.0);
   const int sets = int(std::max(1.0, std::min(double(kMaxDeviceSets), std::floor(kDeviceSetBudgetBytes / per_set))));
   b->dev.resize(size_t(sets));
-  for (int i = 0; i < sets; ++i) MOEKIT_RETURN_IF_ERROR(mirror_set(b->mirror, host, &b->dev[size_t(i)]));
+  for (int i = 0; i < sets; ++i) {
+    FusedMoeParams& d = b->dev[size_t(i)];
+    MOEKIT_RETURN_IF_ERROR(mirror_set(b->mirror, host, !device_weights, &d));
+#if MOEKIT_WITH_CUDA
+    if (device_weights) {
+      void* w1 = nullptr;
+      void* w2 = nullptr;
+      MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * N1 * H) * size_t(dtype_size(wd)), &w1));
+      MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * H * I) * size_t(dtype_size(wd)), &w2));
+      const uint64_t set_seed = seed * 1000003u + uint64_t(i) * 2u;
+      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w1, wd, E * N1 * H, 1.0f / std::sqrt(float(H)), set_seed));
+      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w2, wd, E * H * I, 1.0f / std::sqrt(float(I)), set_seed + 1));
+      d.w1 = TensorView::contiguous(w1, wd, {E, N1, H}, Device::cuda);
+      d.w2 = TensorView::contiguous(w2, wd, {E, H, I}, Device::cuda);
+    }
+#endif
+  }
   b->sets = sets;
   b->kernel_name = k.name;
   RunOptions o;
   o.kernel = b->kernel_name.c_str();
   MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->dev[0], o, &b->workspace_bytes));
   MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(b->workspace_bytes, &b->workspace));
-  // The host weights are no longer needed (DeepSeek-V3 at full size: 22 GB of host memory).
-  prob.w1 = Buffer();
-  prob.w2 = Buffer();
   *out = std::move(b);
   return Status::Ok();
 }
@@ -459,14 +493,7 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
     return Unsupported("kernel ", k.name, " implements ", op_name(k.op), "/", variant_name(k.variant),
                        ", the problem (scheme ", scheme_name(s.scheme), ") needs fused_moe/", variant_name(v));
   }
-  if (registry().device_ops(k.backend) != nullptr) {
-    MoeProblem prob;
-    MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &prob));
-    if (fused_moe_variant(prob.params()) != v) {
-      return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
-    }
-    return prepare_device(prob, k, out);
-  }
+  if (registry().device_ops(k.backend) != nullptr) return prepare_device(s, req.shape.seed, k, out);
   auto b = std::make_unique<MoeBench>();
   MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
   b->params = b->prob.params();
@@ -478,7 +505,7 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   b->workspace.resize(ws);
   b->opts.workspace = ws ? b->workspace.data() : nullptr;
   b->opts.workspace_bytes = ws;
-  describe_bench(b->prob, b.get());
+  describe_bench(s, b->prob, b.get());
   *out = std::move(b);
   return Status::Ok();
 }
