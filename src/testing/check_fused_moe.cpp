@@ -475,6 +475,12 @@ Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::un
   }
   b->sets = sets;
   b->kernel_name = k.name;
+  const Kernel* chosen = nullptr;  // what fused_moe picks by itself (SPEC 6 dispatch rule)
+  if (registry().select(OpKind::fused_moe, fused_moe_variant(b->dev[0]), &b->dev[0], RunOptions{}, b->shape, &chosen)
+          .ok() &&
+      chosen != nullptr) {
+    b->kernel_chosen = chosen->name;
+  }
   RunOptions o;
   o.kernel = b->kernel_name.c_str();
   MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->dev[0], o, &b->workspace_bytes));

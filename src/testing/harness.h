@@ -195,6 +195,8 @@ struct BenchProblem {
   double bytes = 0;       // bytes that must move (memory floor numerator)
 
   int sets = 0;           // device input sets (0 = host problem)
+  std::string kernel_chosen;  // device problems: the kernel the op's dispatch picks for set 0 when
+                              //   no kernel is forced (empty = not determined)
   virtual Status launch(void* stream, int set) {
     (void)stream;
     (void)set;

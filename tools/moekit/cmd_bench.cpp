@@ -51,6 +51,7 @@ struct Row {
   Floors floors;
   double baseline_us = NAN;     // cuda fused_moe rows: the unfused cuBLAS baseline
   std::string baseline_reason;  // why baseline_us is null (empty when it is not)
+  std::string kernel_chosen;    // device rows: the kernel the op's own dispatch picks for the problem
 };
 
 // Default number of timed graph replays of a device row (the peer's harness takes 30).
@@ -189,6 +190,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   row->batch = 1;
   row->copies = p->sets;
   row->cache = "flushed";
+  row->kernel_chosen = p->kernel_chosen;
   if (k.op != OpKind::fused_moe) return;
   auto it = baselines->find(row->shape);
   if (it == baselines->end()) {
@@ -217,7 +219,7 @@ const char* bound(const Row& r) {
 }
 
 const char* const kRowFormat = "%-14s %-30s %-7s %-18s %-11s %7s %12s %9s %9s %12s %12s %10s %-8s %s";
-const char* const kBaselineFormat = " %12s %11s";  // appended to each row when there are device rows
+const char* const kBaselineFormat = " %12s %11s %s";  // appended to each row when there are device rows
 
 double vs_baseline(const Row& r) { return r.status == "ok" && r.time_us > 0 ? r.baseline_us / r.time_us : NAN; }
 
@@ -242,7 +244,8 @@ void print_row(const Row& r, bool with_baseline) {
                 num("%.2f", compute_floor_us(r)).c_str(), num("%.4f", frac_floor(r)).c_str(), bound(r),
                 (r.cache + " x" + std::to_string(r.copies)).c_str());
     if (with_baseline) {
-      std::printf(kBaselineFormat, num("%.2f", r.baseline_us).c_str(), num("%.3f", vs_baseline(r)).c_str());
+      std::printf(kBaselineFormat, num("%.2f", r.baseline_us).c_str(), num("%.3f", vs_baseline(r)).c_str(),
+                  r.kernel_chosen.empty() ? "-" : r.kernel_chosen.c_str());
     }
     std::printf("\n");
     if (with_baseline && !r.baseline_reason.empty()) std::printf("  # baseline: %s\n", r.baseline_reason.c_str());
@@ -264,7 +267,8 @@ nlohmann::json to_json(const Row& r) {
           {"peak_gflops", r.floors.gflops.value}, {"peak_gflops_source", r.floors.gflops.how},
           {"compute_rate", r.floors.rate}, {"samples", r.samples}, {"batch", r.batch}, {"copies", r.copies},
           {"cache", r.cache}, {"baseline_us", ok ? or_null(r.baseline_us) : nullptr},
-          {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason}};
+          {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason},
+          {"kernel_chosen", r.kernel_chosen}};
 }
 
 }  // namespace
@@ -337,7 +341,7 @@ int run_bench(const BenchArgs& a) {
     std::printf("\n");
     std::printf(kRowFormat, "op", "kernel", "backend", "case", "scheme", "tokens", "time_us", "TFLOP/s", "GB/s",
                 "mem_floor_us", "comp_floor_us", "frac_floor", "bound", cuda_rows ? "cache     " : "cache");
-    if (cuda_rows) std::printf(kBaselineFormat, "baseline_us", "vs_baseline");
+    if (cuda_rows) std::printf(kBaselineFormat, "baseline_us", "vs_baseline", "kernel_chosen");
     std::printf("\n");
   }
   BaselineCache baselines;
