@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,16 @@ struct DeviceOps {
   Status (*synchronize)();
   // Short description of the device ("NVIDIA H200, 132 SMs, 60 MiB L2, sm_90").
   std::string (*describe)();
+  // Device timing by CUDA-graph replay (src/cuda/cuda_timing.cu; docs/cli.md "How CUDA rows are
+  // measured"). Runs launch(stream, s) once per input set s in [0, sets) eagerly (errors surface
+  // outside capture), captures each into a graph on a non-default stream, replays every graph
+  // `warmup` times, then takes `iters` samples: replay i uses graph i % sets, preceded (outside the
+  // timed region) by a write of max(2 x L2, 128 MiB) of scratch when flush_l2. Each sample is the
+  // event-timed duration of one replay in microseconds; all are appended to *us in order. launch
+  // must enqueue work only on `stream` (a cudaStream_t), without synchronising or allocating; a
+  // capture failure is an error naming `what` (the op / kernel) and the input set.
+  Status (*time_graph)(const std::function<Status(void* stream, int set)>& launch, int sets, int warmup,
+                       int iters, bool flush_l2, const char* what, std::vector<double>* us);
 };
 
 class Registry {

@@ -1,12 +1,13 @@
-// CUDA backend registration for Hopper (sm_90a): the device probe, the device memory operations
-// the harness and CLI use (DeviceOps), and the kernel table (rows added by each op's _sm90.cu file
-// through the hooks in cuda/cuda_kernels.h).
+// CUDA backend registration for Hopper (sm_90a): the device probe, the device memory and timing
+// operations the harness and CLI use (DeviceOps; time_graph lives in cuda_timing.cu), and the kernel
+// table (rows added by each op's _sm90.cu file through the hooks in cuda/cuda_kernels.h).
 #include <cuda_runtime.h>
 
 #include <sstream>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_timing.h"
 #include "cuda/cuda_utils.h"
 
 namespace moekit::cuda {
@@ -62,7 +63,7 @@ std::string describe() {
   return os.str();
 }
 
-const DeviceOps kOps = {dev_alloc, dev_free, to_device, to_host, dev_memset, dev_sync, describe};
+const DeviceOps kOps = {dev_alloc, dev_free, to_device, to_host, dev_memset, dev_sync, describe, time_graph};
 
 }  // namespace
 

@@ -9,8 +9,12 @@
 // device copies of the problem (DeviceMirror) with device workspace; when that backend is
 // unavailable (e.g. no GPU) their cases are reported ok with "skipped: backend unavailable".
 // bench: one problem of the requested shape; flops = 2*T*k*H*N1 + 2*T*k*I*H, bytes = the weights
-// and scales of the experts actually touched + x + out.
+// and scales of the experts actually touched + x + out. For device kernels (cuda) the problem is
+// made resident on the device in up to 4 rotating input sets (BenchProblem::launch, sets) and also
+// offers the unfused cuBLAS baseline (BenchProblem::baseline); docs/cli.md says how both are timed.
 // Tests: tests/test_fused_moe.cpp and tests/test_fused_moe_fp8.cpp call check_fused_moe.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -310,8 +314,20 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
   return results;
 }
 
+}  // namespace moekit::testing
+
+// The bench part (bench_fused_moe / bench_applies_fused_moe). Device problems also time the
+// unfused cuBLAS baseline, which exists only in CUDA builds.
+#if MOEKIT_WITH_CUDA
+#include "cuda/bench_fill.h"
+#include "cuda/moe_baseline_cublas.h"
+#endif
+
+namespace moekit::testing {
+
 namespace {
 
+// A host problem: run() calls fused_moe on the host buffers.
 struct MoeBench : BenchProblem {
   MoeProblem prob;
   FusedMoeParams params;
@@ -320,6 +336,77 @@ struct MoeBench : BenchProblem {
   RunOptions opts;
   Status run() override { return fused_moe(params, opts); }
 };
+
+// A device problem: `sets` copies of the weights and inputs on the device of the kernel's backend
+// (DeviceMirror), one shared device workspace; launch() enqueues the whole fused op (the kernel's
+// sorting, both GEMMs, activation, sum over k; routing excluded: topk_ids / topk_weights are inputs).
+struct DeviceMoeBench : BenchProblem {
+  explicit DeviceMoeBench(Backend b) : mirror(b) {}
+  DeviceMirror mirror;                 // owns every device allocation below
+  std::vector<FusedMoeParams> dev;     // [sets] params viewing set s
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::string kernel_name;
+#if MOEKIT_WITH_CUDA
+  cuda::MoeBaselineRouting routing;    // from the host topk_ids, before the host weights are dropped
+  Status routing_status;
+#endif
+
+  Status launch(void* stream, int set) override {
+    if (set < 0 || set >= int(dev.size())) return InvalidArgument("set: must be in [0, ", dev.size(), "), got ", set);
+    RunOptions o;
+    o.kernel = kernel_name.c_str();
+    o.stream = stream;
+    o.workspace = workspace;
+    o.workspace_bytes = workspace_bytes;
+    return fused_moe(dev[size_t(set)], o);
+  }
+  Status run() override {
+    MOEKIT_RETURN_IF_ERROR(launch(nullptr, 0));
+    return registry().device_ops(Backend::cuda)->synchronize();
+  }
+  Status baseline(int warmup, int iters, double* median_us) override {
+#if MOEKIT_WITH_CUDA
+    MOEKIT_RETURN_IF_ERROR(routing_status);
+    return cuda::time_moe_baseline_cublas(dev, routing, warmup, iters, nullptr, median_us);
+#else
+    (void)warmup;
+    (void)iters;
+    (void)median_us;
+    return Unsupported("the cuBLAS baseline needs a CUDA build");
+#endif
+  }
+};
+
+// Device memory all input sets of one problem may take together; huge shapes get fewer sets.
+constexpr double kDeviceSetBudgetBytes = 40e9;
+constexpr int kMaxDeviceSets = 4;
+
+// Device bytes of one input set of p (all E experts' weights are allocated, touched or not).
+double set_bytes(const FusedMoeParams& p) {
+  double b = 0;
+  for (const TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.out, &p.w1_scale, &p.w2_scale,
+                              &p.a1_scale, &p.expert_mask, &p.expert_map}) {
+    b += double(extent_bytes(*t));
+  }
+  return b;
+}
+
+// Copies the tensors of host params h into a fresh device set (out as an output); the weights too
+// unless `weights` is false (then d's w1 / w2 still view the host).
+Status mirror_set(DeviceMirror& m, FusedMoeParams h, bool weights, FusedMoeParams* d) {
+  for (TensorView* t : {&h.x, &h.topk_ids, &h.topk_weights, &h.w1_scale, &h.w2_scale, &h.a1_scale, &h.expert_mask,
+                        &h.expert_map}) {
+    MOEKIT_RETURN_IF_ERROR(m.input(t));
+  }
+  if (weights) {
+    MOEKIT_RETURN_IF_ERROR(m.input(&h.w1));
+    MOEKIT_RETURN_IF_ERROR(m.input(&h.w2));
+  }
+  MOEKIT_RETURN_IF_ERROR(m.output(&h.out));
+  *d = h;
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -342,28 +429,13 @@ bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k) {
   return k.op == OpKind::fused_moe && k.variant == variant_of(s);
 }
 
-Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
-  MoeShape s;
-  MOEKIT_RETURN_IF_ERROR(resolve_shape(req.shape, tokens, &s));
-  const MoeVariant v = variant_of(s);
-  if (k.op != OpKind::fused_moe || k.variant != v) {
-    return Unsupported("kernel ", k.name, " implements ", op_name(k.op), "/", variant_name(k.variant),
-                       ", the problem (scheme ", scheme_name(s.scheme), ") needs fused_moe/", variant_name(v));
-  }
-  auto b = std::make_unique<MoeBench>();
-  MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
-  b->params = b->prob.params();
-  if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
-  b->kernel_name = k.name;
-  b->opts.kernel = b->kernel_name.c_str();
-  size_t ws = 0;
-  MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->params, b->opts, &ws));
-  b->workspace.resize(ws);
-  b->opts.workspace = ws ? b->workspace.data() : nullptr;
-  b->opts.workspace_bytes = ws;
+namespace {
 
-  const MoeProblem& p = b->prob;
-  const double T = double(s.T), K = double(s.k), H = double(s.H), I = double(s.I), N1 = double(p.N1);
+// flops, bytes and the shape line of problem p of shape s (s may have another I than p.shape: the
+// device path generates p with I = 1 and the real weights on the device).
+void describe_bench(const MoeShape& s, const MoeProblem& p, BenchProblem* b) {
+  const double T = double(s.T), K = double(s.k), H = double(s.H), I = double(s.I);
+  const double N1 = p.opts.g1u1 ? 2 * I : I;
   b->flops = 2 * T * K * H * N1 + 2 * T * K * I * H;
   const double w_elem = dtype_size(p.w1.view.dtype);
   const double per_expert = (N1 * H + H * I) * w_elem +
@@ -377,6 +449,93 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   os << s.label << " T=" << s.T << " E=" << s.E << " k=" << s.k << " H=" << s.H << " I=" << s.I << ' '
      << scheme_label(s) << " (" << touched << " experts touched)";
   b->shape = os.str();
+}
+
+// The device path: up to kMaxDeviceSets input sets within kDeviceSetBudgetBytes.
+// NOTE: unquantized weights are generated ON THE DEVICE (cuda::fill_normal_device, a different seed
+// per set, std 1/sqrt(H) for w1 and 1/sqrt(I) for w2): on the host, full-size weights take minutes
+// (DeepSeek-V3: 11 G elements per set). The host problem is then generated with I = 1 (same x, same
+// routing, tiny weights). fp8 weights need the quantize recipe and scales: they are generated on
+// the host and copied to every set (same values in separate buffers; what rotation prevents is a
+// replay finding the previous replay's weights in L2, and the bench flushes L2 anyway).
+Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
+#if MOEKIT_WITH_CUDA
+  const bool device_weights = !is_fp8_scheme(s.scheme);
+#else
+  const bool device_weights = false;
+#endif
+  MoeShape gen = s;
+  if (device_weights) gen.I = 1;
+  MoeProblem prob;
+  MOEKIT_RETURN_IF_ERROR(make_moe_problem(gen, {}, seed, &prob));
+  auto b = std::make_unique<DeviceMoeBench>(k.backend);
+  describe_bench(s, prob, b.get());
+  const FusedMoeParams host = prob.params();
+#if MOEKIT_WITH_CUDA
+  b->routing_status = cuda::moe_baseline_routing(host, &b->routing);
+#endif
+  const int64_t E = prob.E, H = s.H, I = s.I, N1 = prob.opts.g1u1 ? 2 * I : I;
+  const DType wd = prob.w1.view.dtype;
+  const double weight_bytes = double(E) * double(N1 * H + H * I) * dtype_size(wd);
+  const double per_set = set_bytes(host) + (device_weights ? weight_bytes : 0.0);
+  const int sets = int(std::max(1.0, std::min(double(kMaxDeviceSets), std::floor(kDeviceSetBudgetBytes / per_set))));
+  b->dev.resize(size_t(sets));
+  for (int i = 0; i < sets; ++i) {
+    FusedMoeParams& d = b->dev[size_t(i)];
+    MOEKIT_RETURN_IF_ERROR(mirror_set(b->mirror, host, !device_weights, &d));
+#if MOEKIT_WITH_CUDA
+    if (device_weights) {
+      void* w1 = nullptr;
+      void* w2 = nullptr;
+      MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * N1 * H) * size_t(dtype_size(wd)), &w1));
+      MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * H * I) * size_t(dtype_size(wd)), &w2));
+      const uint64_t set_seed = seed * 1000003u + uint64_t(i) * 2u;
+      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w1, wd, E * N1 * H, 1.0f / std::sqrt(float(H)), set_seed));
+      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w2, wd, E * H * I, 1.0f / std::sqrt(float(I)), set_seed + 1));
+      d.w1 = TensorView::contiguous(w1, wd, {E, N1, H}, Device::cuda);
+      d.w2 = TensorView::contiguous(w2, wd, {E, H, I}, Device::cuda);
+    }
+#endif
+  }
+  b->sets = sets;
+  b->kernel_name = k.name;
+  const Kernel* chosen = nullptr;  // what fused_moe picks by itself (SPEC 6 dispatch rule)
+  if (registry().select(OpKind::fused_moe, fused_moe_variant(b->dev[0]), &b->dev[0], RunOptions{}, b->shape, &chosen)
+          .ok() &&
+      chosen != nullptr) {
+    b->kernel_chosen = chosen->name;
+  }
+  RunOptions o;
+  o.kernel = b->kernel_name.c_str();
+  MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->dev[0], o, &b->workspace_bytes));
+  MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(b->workspace_bytes, &b->workspace));
+  *out = std::move(b);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
+  MoeShape s;
+  MOEKIT_RETURN_IF_ERROR(resolve_shape(req.shape, tokens, &s));
+  const MoeVariant v = variant_of(s);
+  if (k.op != OpKind::fused_moe || k.variant != v) {
+    return Unsupported("kernel ", k.name, " implements ", op_name(k.op), "/", variant_name(k.variant),
+                       ", the problem (scheme ", scheme_name(s.scheme), ") needs fused_moe/", variant_name(v));
+  }
+  if (registry().device_ops(k.backend) != nullptr) return prepare_device(s, req.shape.seed, k, out);
+  auto b = std::make_unique<MoeBench>();
+  MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
+  b->params = b->prob.params();
+  if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
+  b->kernel_name = k.name;
+  b->opts.kernel = b->kernel_name.c_str();
+  size_t ws = 0;
+  MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->params, b->opts, &ws));
+  b->workspace.resize(ws);
+  b->opts.workspace = ws ? b->workspace.data() : nullptr;
+  b->opts.workspace_bytes = ws;
+  describe_bench(s, b->prob, b.get());
   *out = std::move(b);
   return Status::Ok();
 }

@@ -181,12 +181,35 @@ struct CheckRequest {
 };
 
 // One prepared benchmark problem: owns its data, run() launches the kernel once.
+//
+// Device problems (the kernel's backend has DeviceOps, i.e. cuda) set `sets` > 0: the hook made that
+// many input sets resident on the device (weights and inputs; sets share no memory) and
+// launch(stream, s) enqueues the whole op on set s on `stream` without synchronising, which the
+// bench captures into one CUDA graph per set (DeviceOps::time_graph). `moekit bench` then times
+// launch(), never run(). Host problems keep sets = 0 and are timed through run().
 struct BenchProblem {
   virtual ~BenchProblem() = default;
   virtual Status run() = 0;
   std::string shape;      // human-readable shape
   double flops = 0;       // useful flops of one run
   double bytes = 0;       // bytes that must move (memory floor numerator)
+
+  int sets = 0;           // device input sets (0 = host problem)
+  std::string kernel_chosen;  // device problems: the kernel the op's dispatch picks for set 0 when
+                              //   no kernel is forced (empty = not determined)
+  virtual Status launch(void* stream, int set) {
+    (void)stream;
+    (void)set;
+    return Unsupported("this benchmark problem has no device launch");
+  }
+  // Median time in us of the op's unfused baseline on the same device sets (fused_moe: the cuBLAS
+  // path of src/cuda/moe_baseline_cublas.h), timed like launch(); unsupported when there is none.
+  virtual Status baseline(int warmup, int iters, double* median_us) {
+    (void)warmup;
+    (void)iters;
+    (void)median_us;
+    return Unsupported("no baseline for this problem");
+  }
 };
 
 struct BenchRequest {

@@ -4,21 +4,24 @@
 // "moekit bench", documents the columns, the JSON keys and the timing method. Tests: cli.bench.*
 // in tests/cli_tests.cmake.
 //
-// Timing: each sample is the mean of a batch of back-to-back runs (batch = 1 unless one run is
-// under 5 us, so the clock's resolution does not dominate); the reported time is the median
-// sample. Inputs rotate between up to 4 prepared copies so a run does not find the previous run's
-// data in L1/L2; problems whose copies together fit in the last-level cache are still timed
-// warm-cache, and the "cache" column says so.
+// Host rows (ref, cpu): each sample is the host wall-clock mean of a batch of back-to-back run()s
+// (batch = 1 unless one run is under 5 us, so the clock's resolution does not dominate); the
+// reported time is the median sample. Inputs rotate between up to 4 prepared copies so a run does
+// not find the previous run's data in L1/L2; problems whose copies together fit in the last-level
+// cache are still timed warm-cache, and the "cache" column says so.
 //
-// NOTE: times are host wall-clock times of BenchProblem::run(). That is right for the host
-// backends; CUDA rows are only meaningful when the hook's run() synchronizes the stream. Event-based
-// timing / CUDA-graph replay belongs in a BenchProblem extension when the CUDA backend has kernels.
+// Device rows (cuda): the hook prepares device-resident rotating input sets (BenchProblem::sets,
+// launch()) and DeviceOps::time_graph replays one CUDA graph per set with L2 flushed before each
+// replay, event-timed; the reported time is the median of >= 30 replays (default 100). fused_moe
+// rows also time the unfused cuBLAS baseline on the same sets (BenchProblem::baseline) and report
+// baseline_us and vs_baseline = baseline_us / time_us.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -46,7 +49,17 @@ struct Row {
   int64_t samples = 0, batch = 1, copies = 1;
   std::string cache;
   Floors floors;
+  double baseline_us = NAN;     // cuda fused_moe rows: the unfused cuBLAS baseline
+  std::string baseline_reason;  // why baseline_us is null (empty when it is not)
+  std::string kernel_chosen;    // device rows: the kernel the op's own dispatch picks for the problem
 };
+
+// Default number of timed graph replays of a device row (the peer's harness takes 30).
+constexpr int kDeviceIters = 100;
+
+// Baseline time (or why there is none) per prepared problem, so several kernels of one problem
+// share one baseline measurement. Key: the hook's shape description (includes T and the scheme).
+using BaselineCache = std::map<std::string, std::pair<double, std::string>>;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -134,6 +147,61 @@ void time_one(const testing::OpHarness& h, const testing::BenchRequest& br, cons
   row->time_us = samples[samples.size() / 2] * 1e6;
 }
 
+// Device rows: one prepared problem with its rotating input sets, timed by CUDA-graph replay
+// (DeviceOps::time_graph); fused_moe rows also get the baseline (cached per problem).
+void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, const Kernel& k,
+                 const TimingPlan& plan, BaselineCache* baselines, Row* row) {
+  std::unique_ptr<testing::BenchProblem> p;
+  Status s = h.prepare_bench(br, row->tokens, k, &p);
+  if (s.ok() && p == nullptr) s = Internal("prepare_bench returned no problem");
+  if (!s.ok()) {
+    row->status = s.code() == StatusCode::unsupported ? "skipped" : "error";
+    row->reason = s.message();
+    return;
+  }
+  row->flops = p->flops;
+  row->bytes = p->bytes;
+  row->shape = p->shape;
+  if (p->sets <= 0) {
+    row->status = "skipped";
+    row->reason = std::string("the bench hook of ") + op_name(k.op) +
+                  " has no device path yet (it prepared a host problem for a device kernel)";
+    return;
+  }
+  const DeviceOps* ops = registry().device_ops(k.backend);
+  if (ops == nullptr || ops->time_graph == nullptr) {
+    row->status = "error";
+    row->reason = std::string("backend ") + backend_name(k.backend) + " registers no time_graph";
+    return;
+  }
+  const int iters = plan.iters > 0 ? int(plan.iters) : kDeviceIters;
+  const int warmup = int(std::max<int64_t>(1, plan.warmup));
+  std::vector<double> us;
+  s = ops->time_graph([&](void* stream, int set) { return p->launch(stream, set); }, p->sets, warmup, iters,
+                      /*flush_l2=*/true, k.name, &us);
+  if (!s.ok() || us.empty()) {
+    row->status = "error";
+    row->reason = s.ok() ? "time_graph returned no sample" : s.to_string();
+    return;
+  }
+  std::nth_element(us.begin(), us.begin() + long(us.size() / 2), us.end());
+  row->time_us = us[us.size() / 2];
+  row->samples = int64_t(us.size());
+  row->batch = 1;
+  row->copies = p->sets;
+  row->cache = "flushed";
+  row->kernel_chosen = p->kernel_chosen;
+  if (k.op != OpKind::fused_moe) return;
+  auto it = baselines->find(row->shape);
+  if (it == baselines->end()) {
+    double b = NAN;
+    const Status bs = p->baseline(warmup, iters, &b);
+    it = baselines->emplace(row->shape, std::make_pair(bs.ok() ? b : NAN, bs.ok() ? "" : bs.to_string())).first;
+  }
+  row->baseline_us = it->second.first;
+  row->baseline_reason = it->second.second;
+}
+
 // Floors in microseconds (NAN when the peak is unknown).
 double mem_floor_us(const Row& r) { return r.floors.gbps.value > 0 ? r.bytes / r.floors.gbps.value / 1e3 : NAN; }
 double compute_floor_us(const Row& r) {
@@ -150,7 +218,10 @@ const char* bound(const Row& r) {
   return std::isnan(c) || (!std::isnan(m) && m >= c) ? "memory" : "compute";
 }
 
-const char* const kRowFormat = "%-14s %-30s %-7s %-18s %-11s %7s %12s %9s %9s %12s %12s %10s %-8s %s\n";
+const char* const kRowFormat = "%-14s %-30s %-7s %-18s %-11s %7s %12s %9s %9s %12s %12s %10s %-8s %s";
+const char* const kBaselineFormat = " %12s %11s %s";  // appended to each row when there are device rows
+
+double vs_baseline(const Row& r) { return r.status == "ok" && r.time_us > 0 ? r.baseline_us / r.time_us : NAN; }
 
 std::string num(const char* f, double v) {
   if (std::isnan(v)) return "-";
@@ -159,7 +230,7 @@ std::string num(const char* f, double v) {
   return buf;
 }
 
-void print_row(const Row& r) {
+void print_row(const Row& r, bool with_baseline) {
   if (r.status != "ok") {
     std::printf("%-14s %-30s %-7s %-18s %-11s %7lld  %s: %s\n", r.op.c_str(), r.kernel.c_str(), r.backend.c_str(),
                 r.label.c_str(), r.scheme.c_str(), static_cast<long long>(r.tokens), r.status.c_str(),
@@ -172,6 +243,12 @@ void print_row(const Row& r) {
                 num("%.2f", r.bytes / s / 1e9).c_str(), num("%.2f", mem_floor_us(r)).c_str(),
                 num("%.2f", compute_floor_us(r)).c_str(), num("%.4f", frac_floor(r)).c_str(), bound(r),
                 (r.cache + " x" + std::to_string(r.copies)).c_str());
+    if (with_baseline) {
+      std::printf(kBaselineFormat, num("%.2f", r.baseline_us).c_str(), num("%.3f", vs_baseline(r)).c_str(),
+                  r.kernel_chosen.empty() ? "-" : r.kernel_chosen.c_str());
+    }
+    std::printf("\n");
+    if (with_baseline && !r.baseline_reason.empty()) std::printf("  # baseline: %s\n", r.baseline_reason.c_str());
   }
   std::fflush(stdout);
 }
@@ -189,7 +266,9 @@ nlohmann::json to_json(const Row& r) {
           {"peak_gbps", r.floors.gbps.value}, {"peak_gbps_source", r.floors.gbps.how},
           {"peak_gflops", r.floors.gflops.value}, {"peak_gflops_source", r.floors.gflops.how},
           {"compute_rate", r.floors.rate}, {"samples", r.samples}, {"batch", r.batch}, {"copies", r.copies},
-          {"cache", r.cache}};
+          {"cache", r.cache}, {"baseline_us", ok ? or_null(r.baseline_us) : nullptr},
+          {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason},
+          {"kernel_chosen", r.kernel_chosen}};
 }
 
 }  // namespace
@@ -247,17 +326,25 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(notes, "%s\n", describe(host).c_str());
   }
   if (cuda_rows) {
+    const DeviceOps* dev = registry().device_ops(Backend::cuda);
+    std::fprintf(notes, "device: %s; CUDA rows: median of %d CUDA-graph replays (L2 flushed before each, "
+                        "rotating input sets), fused_moe also vs the unfused cuBLAS baseline\n",
+                 dev != nullptr && dev->describe != nullptr ? dev->describe().c_str() : "unknown",
+                 plan.iters > 0 ? int(plan.iters) : kDeviceIters);
     const Floors d = device_floors(testing::Scheme::bf16), d8 = device_floors(testing::Scheme::fp8_block);
     std::fprintf(notes, "cuda: %g GB/s (%s), %g / %g GFLOP/s bf16 / fp8%s\n", peak_gbps > 0 ? peak_gbps : d.gbps.value,
                  peak_gbps > 0 ? "--peak-gbps" : d.gbps.how.c_str(), peak_gflops > 0 ? peak_gflops : d.gflops.value,
                  peak_gflops > 0 ? peak_gflops : d8.gflops.value,
-                 peak_gflops > 0 ? " (--peak-gflops)" : " (nominal H200)");
+                 peak_gflops > 0 ? " (--peak-gflops)" : " (H200 ceilings of ANCHORS.md)");
   }
   if (!a.json) {
     std::printf("\n");
     std::printf(kRowFormat, "op", "kernel", "backend", "case", "scheme", "tokens", "time_us", "TFLOP/s", "GB/s",
-                "mem_floor_us", "comp_floor_us", "frac_floor", "bound", "cache");
+                "mem_floor_us", "comp_floor_us", "frac_floor", "bound", cuda_rows ? "cache     " : "cache");
+    if (cuda_rows) std::printf(kBaselineFormat, "baseline_us", "vs_baseline", "kernel_chosen");
+    std::printf("\n");
   }
+  BaselineCache baselines;
 
   nlohmann::json rows = nlohmann::json::array();
   int ran = 0, errors = 0;
@@ -290,13 +377,17 @@ int run_bench(const BenchArgs& a) {
             r.floors = b == Backend::cuda ? device_floors(ms.scheme) : host_floors(host, ms.scheme);
             if (peak_gbps > 0) r.floors.gbps = {peak_gbps, "--peak-gbps"};
             if (peak_gflops > 0) r.floors.gflops = {peak_gflops, "--peak-gflops"};
-            time_one(*h, br, *k, plan, &r);
+            if (registry().device_ops(b) != nullptr) {
+              time_device(*h, br, *k, plan, &baselines, &r);
+            } else {
+              time_one(*h, br, *k, plan, &r);
+            }
             ran += r.status == "ok";
             errors += r.status == "error";
             if (a.json) {
               rows.push_back(to_json(r));
             } else {
-              print_row(r);
+              print_row(r, cuda_rows);
             }
           }
         }

@@ -229,9 +229,9 @@ Floors device_floors(testing::Scheme scheme) {
   const bool fp8 = scheme == testing::Scheme::fp8_tensor || scheme == testing::Scheme::fp8_channel ||
                    scheme == testing::Scheme::fp8_block;
   Floors f;
-  f.gbps = {4300, "nominal H200 HBM3e (not measured)"};
-  f.gflops = fp8 ? Peak{1580e3, "nominal H200 fp8 dense (not measured)"}
-                 : Peak{790e3, "nominal H200 bf16 dense (not measured)"};
+  f.gbps = {4300, "H200 read-stream ceiling of ANCHORS.md (not measured in this run)"};
+  f.gflops = fp8 ? Peak{1580e3, "H200 fp8 ceiling of ANCHORS.md, 2x bf16 (not measured in this run)"}
+                 : Peak{790e3, "H200 bf16 cuBLAS 8192^3 ceiling of ANCHORS.md (not measured in this run)"};
   f.rate = fp8 ? "fp8 tensor core" : "bf16 tensor core";
   return f;
 }

@@ -4,8 +4,8 @@
 // Host backends (ref, cpu): MEASURED in the same process, before any kernel runs: a multi-threaded
 // streaming read of >= 512 MiB (best of a few passes) and the dot-product peak (vdpbf16ps with 16
 // independent zmm accumulators per thread when the CPU has AVX-512 BF16, plus an fp32 FMA peak).
-// CUDA: no measurement yet; device_floors() returns the H200 datasheet numbers (the hook to replace
-// with a measured or queried value once the CUDA backend has kernels).
+// CUDA: no measurement; device_floors() returns the H200 ceilings of ANCHORS.md (the hook to replace
+// with a measured or queried value).
 #pragma once
 
 #include <string>
@@ -43,9 +43,10 @@ struct Floors {
 // bf16 peak is absent.
 Floors host_floors(const HostPeaks& p, testing::Scheme scheme);
 
-// CUDA floors. NOTE: the hook for a measured / queried device peak. Until the CUDA backend provides
-// one it returns H200 SXM datasheet numbers: 4300 GB/s HBM3e, 790 TFLOP/s dense bf16, 1580 TFLOP/s
-// dense fp8 (f32 / f16 schemes use the bf16 rate: the kernels run on bf16/f16 tensor cores).
+// CUDA floors. NOTE: the hook for a measured / queried device peak. It returns the H200 ceilings the
+// peer numbers of /work/shared/ANCHORS.md were judged against, so moekit's frac_floor is comparable
+// with the peer's: 4300 GB/s (read stream), 790 TFLOP/s bf16 (cuBLAS 8192^3), 1580 TFLOP/s fp8
+// (2x bf16); f32 / f16 schemes use the bf16 rate (the kernels run on bf16/f16 tensor cores).
 Floors device_floors(testing::Scheme scheme);
 
 // One-paragraph description of the host peaks for the bench header.

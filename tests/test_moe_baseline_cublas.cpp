@@ -1,0 +1,386 @@
+// Tests of the unfused cuBLAS baseline of `moekit bench` (src/cuda/moe_baseline_cublas.h) and of
+// the CUDA-graph timer it shares with the bench (DeviceOps::time_graph, src/cuda/cuda_timing.cu).
+// Suite MoeBaselineCublas:
+//   - host routing lists (any CUDA build, no device needed): exact against a per-expert scan;
+//   - on the GPU (GTEST_SKIP without one): the baseline's output against the ref kernel's on small
+//     problems (bf16 / f16, every activation, g1u0, weight on input, expert mask / map, -1 ids,
+//     row-strided x / out, rows not a multiple of 16 bytes), run-to-run bit equality, a timing
+//     call, and time_graph's errors (a launch that fails, a launch that synchronises in capture);
+//     the bench's device weight fill; the bench hook's device path end to end with the first
+//     registered CUDA fused_moe kernel (skipped while there is none).
+// Tolerance: the baseline rounds h (= [g | u]) and each expert's output y to x's dtype before the
+// activation and the weighted sum (what an unfused bf16 framework path does); the ref keeps both in
+// f32. So the bound is about twice kernel_vs_ref's: 3e-2 of rms + 3e-2 relative for bf16, 4e-3 for
+// f16, every element.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+#if MOEKIT_WITH_CUDA
+#include "cuda/bench_fill.h"
+#include "cuda/moe_baseline_cublas.h"
+#endif
+
+namespace moekit::testing {
+namespace {
+
+#if MOEKIT_WITH_CUDA
+
+MoeShape shape(Scheme scheme, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I) {
+  MoeShape s;
+  s.label = "baseline";
+  s.scheme = scheme;
+  s.T = T;
+  s.E = E;
+  s.k = k;
+  s.H = H;
+  s.I = I;
+  return s;
+}
+
+MoeProblem make(const MoeShape& s, const MoeProblemOptions& o = {}, uint64_t seed = 3) {
+  MoeProblem p;
+  const Status st = make_moe_problem(s, o, seed, &p);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return p;
+}
+
+// ---------------------------------------------------------------- host routing lists
+// Independent formulation: for each local expert in turn, scan every slot.
+void expect_routing_matches_scan(MoeProblem& prob) {
+  const FusedMoeParams p = prob.params();
+  cuda::MoeBaselineRouting r;
+  const Status st = cuda::moe_baseline_routing(p, &r);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const int64_t T = prob.shape.T, k = prob.shape.k, Eg = prob.shape.E, E = prob.E;
+  const int32_t* ids = prob.topk_ids.data<int32_t>();
+  std::vector<int64_t> local(static_cast<size_t>(Eg));
+  for (int64_t g = 0; g < Eg; ++g) {
+    if (p.expert_mask.present()) {
+      int64_t n = 0;
+      for (int64_t q = 0; q < g; ++q) n += prob.expert_mask.data<int32_t>()[q];
+      local[size_t(g)] = prob.expert_mask.data<int32_t>()[g] ? n : -1;
+    } else if (p.expert_map.present()) {
+      local[size_t(g)] = prob.expert_map.data<int32_t>()[g];
+    } else {
+      local[size_t(g)] = g;
+    }
+  }
+  std::vector<int64_t> begin = {0};
+  std::vector<int32_t> row_slot, slot_row(static_cast<size_t>(T * k), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t s = 0; s < T * k; ++s) {
+      if (ids[s] >= 0 && ids[s] < Eg && local[size_t(ids[s])] == e) {
+        slot_row[size_t(s)] = int32_t(row_slot.size());
+        row_slot.push_back(int32_t(s));
+      }
+    }
+    begin.push_back(int64_t(row_slot.size()));
+  }
+  EXPECT_EQ(r.T, T);
+  EXPECT_EQ(r.k, k);
+  EXPECT_EQ(r.E, E);
+  EXPECT_EQ(r.expert_begin, begin);
+  EXPECT_EQ(r.row_slot, row_slot);
+  EXPECT_EQ(r.slot_row, slot_row);
+}
+
+TEST(MoeBaselineCublas, RoutingListsMatchPerExpertScan) {
+  MoeProblem plain = make(shape(Scheme::bf16, 9, 6, 2, 64, 64));
+  expect_routing_matches_scan(plain);
+}
+
+TEST(MoeBaselineCublas, RoutingListsSkipMinusOneAndOutOfRangeIds) {
+  MoeProblem p = make(shape(Scheme::bf16, 5, 6, 3, 64, 64));
+  int32_t* ids = p.topk_ids.data<int32_t>();
+  ids[0] = -1;
+  ids[4] = 6;    // == Eg: out of range, skipped (a device kernel must skip it too)
+  ids[7] = -7;
+  expect_routing_matches_scan(p);
+  cuda::MoeBaselineRouting r;
+  ASSERT_TRUE(cuda::moe_baseline_routing(p.params(), &r).ok());
+  EXPECT_EQ(r.slot_row[0], -1);
+  EXPECT_EQ(r.slot_row[4], -1);
+  EXPECT_EQ(r.slot_row[7], -1);
+}
+
+TEST(MoeBaselineCublas, RoutingListsWithExpertMaskAndMap) {
+  MoeProblemOptions mask;
+  mask.local_experts = 3;
+  mask.ep = ExpertParallel::mask;
+  MoeProblem pm = make(shape(Scheme::bf16, 11, 8, 2, 64, 64), mask);
+  expect_routing_matches_scan(pm);
+  MoeProblemOptions map = mask;
+  map.ep = ExpertParallel::map;
+  MoeProblem pp = make(shape(Scheme::bf16, 11, 8, 2, 64, 64), map);
+  expect_routing_matches_scan(pp);
+}
+
+TEST(MoeBaselineCublas, RoutingListsAllToOneExpert) {
+  MoeProblem p = make(shape(Scheme::bf16, 6, 4, 1, 64, 64));
+  for (int64_t i = 0; i < p.topk_ids.numel(); ++i) p.topk_ids.data<int32_t>()[i] = 3;
+  expect_routing_matches_scan(p);
+}
+
+TEST(MoeBaselineCublas, RoutingRefusesDeviceIds) {
+  MoeProblem p = make(shape(Scheme::bf16, 2, 4, 1, 64, 64));
+  FusedMoeParams prm = p.params();
+  prm.topk_ids.device = Device::cuda;  // only the flag: the function must not read it
+  cuda::MoeBaselineRouting r;
+  const Status st = cuda::moe_baseline_routing(prm, &r);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("topk_ids"), std::string::npos) << st.message();
+}
+
+// ---------------------------------------------------------------- on the GPU
+#define SKIP_WITHOUT_DEVICE()                                                             \
+  do {                                                                                    \
+    const Status av = registry().backend_available(Backend::cuda);                        \
+    if (!av.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << av.message();           \
+  } while (0)
+
+// The baseline's output (on the device) for prob; *ok false on a failed call.
+std::vector<double> run_baseline(MoeProblem& prob, Status* st) {
+  const FusedMoeParams host = prob.params();
+  cuda::MoeBaselineRouting r;
+  *st = cuda::moe_baseline_routing(host, &r);
+  if (!st->ok()) return {};
+  prob.out.fill_bytes(0xFF);  // NaN: a row the baseline forgets to write fails
+  DeviceMirror m(Backend::cuda);
+  FusedMoeParams d = host;
+  for (TensorView* t : {&d.x, &d.w1, &d.w2, &d.topk_ids, &d.topk_weights, &d.expert_mask, &d.expert_map}) {
+    *st = m.input(t);
+    if (!st->ok()) return {};
+  }
+  *st = m.output(&d.out);
+  if (st->ok()) *st = cuda::run_moe_baseline_cublas(d, r);
+  if (st->ok()) *st = m.copy_back();
+  return st->ok() ? read_out(prob.params().out) : std::vector<double>{};
+}
+
+std::vector<double> run_ref(MoeProblem& prob) {
+  prob.out.fill_bytes(0xFF);
+  RunOptions o;
+  o.kernel = "fused_moe_ref";
+  const Status st = fused_moe(prob.params(), o);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return read_out(prob.params().out);
+}
+
+void expect_baseline_matches_ref(MoeProblem& prob, const std::string& what) {
+  SCOPED_TRACE(what);
+  const std::vector<double> expected = run_ref(prob);
+  Status st;
+  const std::vector<double> actual = run_baseline(prob, &st);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const bool bf16 = prob.x_dtype == DType::bf16;
+  const double b = bf16 ? 3e-2 : 4e-3;
+  const MoeTolerance tol{MoeVariant::unquantized, prob.x_dtype, MoeCompare::kernel_vs_ref, b, b, 0,
+                         bf16 ? 0.9995 : 0.99995, bf16 ? 0.98 : 0.998, bf16 ? 1.02 : 1.002};
+  Metrics m;
+  std::string detail;
+  EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H, tol, &m, &detail))
+      << detail << " worst " << m.worst << " max_abs " << m.max_abs_err << " cosine " << m.cosine;
+}
+
+TEST(MoeBaselineCublas, MatchesRefBf16Silu) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblem p = make(shape(Scheme::bf16, 33, 8, 2, 256, 128));
+  expect_baseline_matches_ref(p, "bf16 silu T=33 E=8 k=2 H=256 I=128");
+}
+
+TEST(MoeBaselineCublas, MatchesRefT1AndKEqualsE) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblem t1 = make(shape(Scheme::bf16, 1, 8, 2, 128, 128));
+  expect_baseline_matches_ref(t1, "T=1");
+  MoeProblem ke = make(shape(Scheme::bf16, 5, 4, 4, 128, 64));
+  expect_baseline_matches_ref(ke, "k=E");
+}
+
+TEST(MoeBaselineCublas, MatchesRefF16EveryActivation) {
+  SKIP_WITHOUT_DEVICE();
+  for (Activation a : {Activation::silu, Activation::gelu, Activation::gelu_tanh}) {
+    MoeShape s = shape(Scheme::f16, 17, 6, 2, 128, 64);
+    s.activation = a;
+    MoeProblem p = make(s);
+    expect_baseline_matches_ref(p, std::string("f16 ") + activation_name(a));
+  }
+}
+
+TEST(MoeBaselineCublas, MatchesRefG1u0AndWeightOnInput) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblemOptions g1u0;
+  g1u0.g1u1 = false;
+  MoeProblem p = make(shape(Scheme::bf16, 9, 6, 2, 128, 64), g1u0);
+  expect_baseline_matches_ref(p, "g1u0");
+  MoeShape s = shape(Scheme::bf16, 9, 6, 1, 128, 64);
+  s.weight_on_input = true;
+  MoeProblem w = make(s);
+  expect_baseline_matches_ref(w, "weight_on_input");
+}
+
+TEST(MoeBaselineCublas, MatchesRefMaskMapAndMinusOneIds) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblemOptions mask;
+  mask.local_experts = 3;
+  mask.ep = ExpertParallel::mask;
+  MoeProblem pm = make(shape(Scheme::bf16, 12, 8, 2, 128, 64), mask);
+  expect_baseline_matches_ref(pm, "expert_mask (tokens with no local expert get zero rows)");
+  MoeProblemOptions map = mask;
+  map.ep = ExpertParallel::map;
+  MoeProblem pp = make(shape(Scheme::bf16, 12, 8, 2, 128, 64), map);
+  expect_baseline_matches_ref(pp, "expert_map");
+  MoeProblem neg = make(shape(Scheme::bf16, 7, 6, 2, 128, 64));
+  int32_t* ids = neg.topk_ids.data<int32_t>();
+  for (int64_t i = 0; i < neg.topk_ids.numel(); ++i) {
+    if (i % 3 == 1 || i / 2 == 0) ids[i] = -1;
+  }
+  update_touched(&neg);
+  expect_baseline_matches_ref(neg, "-1 ids (token 0 has none)");
+}
+
+TEST(MoeBaselineCublas, MatchesRefRowStridedAndUnalignedRows) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblemOptions pad;
+  pad.row_pad = 5;  // row starts not 16-byte aligned: the element-wise gather
+  MoeProblem p = make(shape(Scheme::bf16, 9, 6, 2, 128, 64), pad);
+  expect_baseline_matches_ref(p, "row-strided x/out");
+  MoeProblem odd = make(shape(Scheme::bf16, 9, 6, 2, 100, 72));  // 200-byte rows
+  expect_baseline_matches_ref(odd, "H=100 I=72");
+}
+
+TEST(MoeBaselineCublas, RunToRunBitIdentical) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblem p = make(shape(Scheme::bf16, 64, 8, 2, 256, 128));
+  Status st;
+  const std::vector<double> a = run_baseline(p, &st);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const std::vector<double> b = run_baseline(p, &st);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(a, b);
+}
+
+TEST(MoeBaselineCublas, TimeGraphGivesEverySample) {
+  SKIP_WITHOUT_DEVICE();
+  MoeProblem p = make(shape(Scheme::bf16, 16, 8, 2, 256, 128));
+  const FusedMoeParams host = p.params();
+  cuda::MoeBaselineRouting r;
+  ASSERT_TRUE(cuda::moe_baseline_routing(host, &r).ok());
+  DeviceMirror m(Backend::cuda);
+  std::vector<FusedMoeParams> sets;
+  for (int s = 0; s < 2; ++s) {
+    FusedMoeParams d = host;
+    for (TensorView* t : {&d.x, &d.w1, &d.w2, &d.topk_ids, &d.topk_weights}) ASSERT_TRUE(m.input(t).ok());
+    ASSERT_TRUE(m.output(&d.out).ok());
+    sets.push_back(d);
+  }
+  std::vector<double> us;
+  double median = 0;
+  const Status st = cuda::time_moe_baseline_cublas(sets, r, 2, 7, &us, &median);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(us.size(), 7u);
+  for (double v : us) EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+  EXPECT_TRUE(std::isfinite(median) && median > 0) << median;
+}
+
+TEST(MoeBaselineCublas, TimeGraphEmptyLaunchAndErrors) {
+  SKIP_WITHOUT_DEVICE();
+  const DeviceOps* ops = registry().device_ops(Backend::cuda);
+  ASSERT_NE(ops, nullptr);
+  ASSERT_NE(ops->time_graph, nullptr);
+  std::vector<double> us;
+  // Nothing enqueued (what a T = 0 op captures): an empty graph still replays.
+  Status st = ops->time_graph([](void*, int) { return Status::Ok(); }, 3, 1, 4, true, "empty", &us);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(us.size(), 4u);
+  // The launch's own error is returned with the op's name.
+  us.clear();
+  st = ops->time_graph([](void*, int) { return InvalidArgument("x: bad"); }, 1, 1, 4, false, "failing_op", &us);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("failing_op"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("x: bad"), std::string::npos) << st.message();
+  // A launch that synchronises is fine eagerly but breaks capture: a clear error naming the op.
+  us.clear();
+  st = ops->time_graph([&](void*, int) { return ops->synchronize(); }, 1, 1, 4, false, "syncing_op", &us);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("syncing_op"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("capture"), std::string::npos) << st.message();
+  // Bad arguments.
+  st = ops->time_graph([](void*, int) { return Status::Ok(); }, 0, 1, 4, false, "zero_sets", &us);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sets"), std::string::npos) << st.message();
+  // The device is usable afterwards (the failed capture left no sticky error).
+  void* p = nullptr;
+  ASSERT_TRUE(ops->alloc(256, &p).ok());
+  EXPECT_TRUE(ops->memset(p, 0, 256).ok());
+  ops->free(p);
+}
+
+TEST(MoeBaselineCublas, FillNormalDevice) {
+  SKIP_WITHOUT_DEVICE();
+  const DeviceOps* ops = registry().device_ops(Backend::cuda);
+  const int64_t n = 1 << 16;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Buffer a(dt, {n}), b(dt, {n});
+    void* dev = nullptr;
+    ASSERT_TRUE(ops->alloc(size_t(a.view.nbytes()), &dev).ok());
+    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
+    ASSERT_TRUE(ops->copy_to_host(a.bytes.data(), dev, a.bytes.size()).ok());
+    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
+    ASSERT_TRUE(ops->copy_to_host(b.bytes.data(), dev, b.bytes.size()).ok());
+    ops->free(dev);
+    EXPECT_EQ(a.bytes, b.bytes);  // a function of (seed, index) only
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = a.get(i);
+      ASSERT_TRUE(std::isfinite(v)) << i;
+      sum += v;
+      sq += v * v;
+    }
+    const double mean = sum / double(n), sd = std::sqrt(sq / double(n) - mean * mean);
+    EXPECT_NEAR(mean, 0.0, 0.01);
+    EXPECT_NEAR(sd, 0.5, 0.01);
+  }
+}
+
+TEST(MoeBaselineCublas, BenchHookDevicePathEndToEnd) {
+  SKIP_WITHOUT_DEVICE();
+  const Kernel* kernel = nullptr;
+  for (const Kernel* k : registry().candidates(OpKind::fused_moe, MoeVariant::unquantized)) {
+    if (k->backend == Backend::cuda && kernel == nullptr) kernel = k;
+  }
+  if (kernel == nullptr) GTEST_SKIP() << "no CUDA fused_moe kernel registered yet";
+  BenchRequest req;
+  req.shape.model = "mixtral";  // the scaled-down preset
+  std::unique_ptr<BenchProblem> p;
+  Status st = bench_fused_moe(req, 64, *kernel, &p);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_GE(p->sets, 1);
+  EXPECT_GT(p->flops, 0);
+  EXPECT_GT(p->bytes, 0);
+  std::vector<double> us;
+  st = registry().device_ops(Backend::cuda)->time_graph([&](void* s, int set) { return p->launch(s, set); },
+                                                       p->sets, 1, 5, true, kernel->name, &us);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(us.size(), 5u);
+  double base = 0;
+  st = p->baseline(1, 5, &base);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(std::isfinite(base) && base > 0) << base;
+}
+
+#else
+
+TEST(MoeBaselineCublas, NeedsCudaBuild) { GTEST_SKIP() << "the cuBLAS baseline exists only in CUDA builds"; }
+
+#endif
+
+}  // namespace
+}  // namespace moekit::testing
