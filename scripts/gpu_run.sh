@@ -23,7 +23,7 @@ timeout 60 $B/moekit ops > "$OUT/ops.txt" 2>&1
 grep -E "^  (ref|cpu|cuda) " "$OUT/ops.txt" | tee -a "$S"
 
 if has tests; then
-  timeout 900 $B/moekit_tests --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  timeout 420 $B/moekit_tests --gtest_brief=1 > "$OUT/tests.log" 2>&1
   say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/tests.log" | head -40 | tee -a "$S"
 fi
@@ -31,7 +31,7 @@ fi
 if has check; then
   : > "$OUT/check.log"
   for m in mixtral deepseek-v3 llama4 qwen3-moe; do
-    timeout 600 $B/moekit check --op all --backend cuda --model "$m" >> "$OUT/check.log" 2>&1
+    timeout 120 $B/moekit check --op all --backend cuda --model "$m" >> "$OUT/check.log" 2>&1
     say "check cuda $m rc=$? $(tail -1 "$OUT/check.log")"
   done
   grep -E " FAIL " "$OUT/check.log" | head -30 | tee -a "$S"
@@ -39,7 +39,7 @@ fi
 
 if has sanitize; then
   for tool in memcheck racecheck; do
-    timeout 900 compute-sanitizer --tool "$tool" --error-exitcode 99 $B/moekit_tests --gtest_brief=1 \
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 $B/moekit_tests --gtest_brief=1 \
       --gtest_filter="$CUDA_FILTER" > "$OUT/sanitize_$tool.log" 2>&1
     say "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
   done
@@ -47,8 +47,8 @@ fi
 
 if has bench; then
   for m in mixtral deepseek-v3 qwen3-moe; do
-    timeout 900 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-      --scheme bf16 --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
+    timeout 240 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+      --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
     say "bench $m rc=$?"
   done
   python3 - "$OUT" <<'PY' | tee -a "$S"

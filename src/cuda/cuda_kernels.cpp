@@ -22,6 +22,7 @@ void register_cuda_kernels(Registry& r) {
   register_sort_tokens_sm90(r);
   register_fused_moe_sm90_small_m(r);
   register_fused_moe_sm90_grouped(r);
+  register_fused_moe_sm90_bf16(r);
 }
 
 }  // namespace moekit::cuda

@@ -8,16 +8,17 @@ namespace moekit::cuda {
 // Adds every CUDA kernel (cuda_kernels.cpp calls the per-op hooks below).
 void register_cuda_kernels(Registry& r);
 
-// Per-op hooks (src/ops/<op>/<op>_sm90.cu).
+// Per-op hooks (src/ops/<op>/<op>_sm90*.cu / .cpp).
 void register_topk_softmax_sm90(Registry& r);
 void register_grouped_topk_sm90(Registry& r);
 void register_sigmoid_topk_sm90(Registry& r);
 void register_sort_tokens_sm90(Registry& r);
 
-// Device tensors required: returns unsupported naming the first host tensor.
-// Per-op registration hooks (one per kernel file, src/ops/<op>/<op>_sm90*.cu).
 void register_fused_moe_sm90_small_m(Registry& r);
 void register_fused_moe_sm90_grouped(Registry& r);
+void register_fused_moe_sm90_bf16(Registry& r);  // picks one of the two above per problem
+
+// Device tensors required: returns unsupported naming the first host tensor.
 
 Status require_device(std::initializer_list<std::pair<const char*, const void*>> tensors);
 
