@@ -9,6 +9,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 B=.gpu
 export MOEKIT_TEST_DATA_DIR=$PWD/tests/data
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 STEPS=${STEPS:-"tests check sanitize bench"}
 TOKENS=${BENCH_TOKENS:-1,8,64,512,4096}
 S="$OUT/summary.txt"
