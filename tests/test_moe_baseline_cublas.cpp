@@ -331,10 +331,12 @@ TEST(MoeBaselineCublas, FillNormalDevice) {
     Buffer a(dt, {n}), b(dt, {n});
     void* dev = nullptr;
     ASSERT_TRUE(ops->alloc(size_t(a.view.nbytes()), &dev).ok());
-    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
-    ASSERT_TRUE(ops->copy_to_host(a.bytes.data(), dev, a.bytes.size()).ok());
-    ASSERT_TRUE(cuda::fill_normal_device(dev, dt, n, 0.5f, 42).ok());
-    ASSERT_TRUE(ops->copy_to_host(b.bytes.data(), dev, b.bytes.size()).ok());
+    Status st = cuda::fill_normal_device(dev, dt, n, 0.5f, 42);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(ops->copy_to_host(a.bytes.data(), dev, size_t(a.view.nbytes())).ok());
+    st = cuda::fill_normal_device(dev, dt, n, 0.5f, 42);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(ops->copy_to_host(b.bytes.data(), dev, size_t(b.view.nbytes())).ok());
     ops->free(dev);
     EXPECT_EQ(a.bytes, b.bytes);  // a function of (seed, index) only
     double sum = 0, sq = 0;

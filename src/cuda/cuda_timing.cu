@@ -44,6 +44,9 @@ struct TimingResources {
     for (cudaGraph_t g : graphs) cudaGraphDestroy(g);
     if (flush != nullptr) cudaFree(flush);
     if (stream != nullptr) cudaStreamDestroy(stream);
+    // NOTE: a failed capture (an op that synchronises) leaves a non-sticky error behind; clear it
+    // so it is not reported by the next, unrelated launch check. The failure itself was returned.
+    cudaGetLastError();
   }
 };
 
