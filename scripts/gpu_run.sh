@@ -48,7 +48,7 @@ fi
 
 if has bench; then
   for m in mixtral deepseek-v3 qwen3-moe; do
-    timeout 240 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+    timeout ${BENCH_LIMIT:-240} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
       --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
     say "bench $m rc=$?"
   done
