@@ -26,22 +26,23 @@ struct MoeStrategyChoice {
   const char* reason;
 };
 
-// NOTE: the threshold. A dot of one weight element (2 bytes) with m rows costs 2m flop, so the
-// small_m kernel runs at m flop per weight byte. Its CUDA-core FMA rate on an H200 (~60 TFLOP/s
-// fp32) over 4.3 TB/s gives a balance of ~14 flop/byte: beyond ~8-12 rows per expert it stops being
-// memory-bound while the tensor-core GEMM (790 TFLOP/s, balance ~184) is still far from its own
-// limit. 8 keeps the CUDA-core kernel at <= 60% of its FMA rate, where it still streams at full
-// bandwidth. Rows per touched expert: T*k spread over min(E, T*k) experts (uniform routing).
-constexpr double kSmallMMaxRowsPerExpert = 8.0;
+// NOTE: the threshold, measured on the H200 (docs/PERF.md, 2026-11-29, full-size presets, bf16,
+// CUDA-graph replay, L2 flushed): at 2 rows per touched expert the small_m kernel wins (Mixtral T=8:
+// 753 vs 1051 us; DeepSeek-V3 T=64: 5315 vs 7155 us), at 4 rows the grouped GEMM wins (Qwen3 T=64:
+// 497 vs 690 us). small_m does 2m flop per weight element on CUDA cores and re-reads its staged rows
+// per output row, so it leaves the memory-bound regime early; the grouped GEMM pays for tile padding
+// at few rows but not for arithmetic. 3 sits between the measured points. Rows per touched expert:
+// T*k spread over min(E, T*k) experts (uniform routing).
+constexpr double kSmallMMaxRowsPerExpert = 3.0;
 
 inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
   const int64_t entries = T * k;
   const int64_t touched = entries < E ? entries : E;
   const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
   if (rows <= kSmallMMaxRowsPerExpert) {
-    return {MoeStrategy::small_m, rows, "<= 8 rows per touched expert: memory-bound, stream weights once"};
+    return {MoeStrategy::small_m, rows, "<= 3 rows per touched expert: memory-bound, stream weights once"};
   }
-  return {MoeStrategy::grouped_gemm, rows, "> 8 rows per touched expert: tensor-core grouped GEMM"};
+  return {MoeStrategy::grouped_gemm, rows, "> 3 rows per touched expert: tensor-core grouped GEMM"};
 }
 
 }  // namespace moekit
