@@ -275,12 +275,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   src.b_run[0] = w1 + int64_t(i0 + r0) * p.H;
   src.b_run[1] = w1 + int64_t(G1U1 ? p.I + i0 + r0 : i0 + r0 + kBN / 2) * p.H;
   src.b_step = int64_t(kThreads / 8) * p.H;
+  // NOTE: I % 32 == 0 and r0 < 32, so i0 + r0 + 32 m < I <=> 32 m < I - i0: the same for every
+  // thread of the CTA (uniform), which keeps the predicates out of per-thread registers.
   src.b_ok = 0;
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsB; ++i) {
-    const int row = loader_row(tid, i);
-    const bool ok = i0 + (G1U1 ? (row & (kBN / 2 - 1)) : row) < p.I;
-    src.b_ok |= uint32_t(ok) << i;
+    const int m = G1U1 ? i % (Tl::kLoadsB / 2) : i;  // 32-row block of the column
+    src.b_ok |= uint32_t(32 * m < p.I - i0) << i;
   }
   constexpr int kGW = Tl::kWarpCols / 2;  // g1u1: gate (and up) columns per warp
   Acc<Tl::kNT> acc;
