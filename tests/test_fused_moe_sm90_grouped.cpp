@@ -307,6 +307,23 @@ TEST(FusedMoeSm90Grouped, PartialNTilesHAndINotMultiplesOf128) {
   }
 }
 
+TEST(FusedMoeSm90Grouped, RowsAroundTheM16CutsOf64RowTiles) {
+  REQUIRE_CUDA();
+  // BM = 64 tiles multiply only the m16 tiles holding rows (1 up to 16 rows, 2 up to 32, else 4):
+  // experts with 16, 17, 32, 33 and 1 rows, expert 5 empty.
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(99, 6) == 64, "covers the BM = 64 tiles");
+  MoeProblem prob = make(small_shape(Scheme::bf16, 99, 6, 1, 128, 128));
+  const int counts[5] = {16, 17, 32, 33, 1};
+  int32_t* ids = prob.topk_ids.data<int32_t>();
+  int64_t t = 0;
+  for (int e = 0; e < 5; ++e) {
+    for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
+  }
+  ASSERT_EQ(t, prob.topk_ids.numel());
+  update_touched(&prob);
+  expect_matches_ref(prob);
+}
+
 TEST(FusedMoeSm90Grouped, PartialNTilesWith128RowMTiles) {
   REQUIRE_CUDA();
   // 800 rows over 6 experts: BM = 128 (the case above runs BM = 64), partial M and N tiles.

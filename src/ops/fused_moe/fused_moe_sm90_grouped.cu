@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   }
   constexpr int kGW = Tl::kWarpCols / 2;  // g1u1: gate (and up) columns per warp
   Acc<Tl::kNT> acc;
-  mainloop<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols, acc);
+  mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
+                                                      row_end - row0, acc);
 
   // NOTE: I % 64 == 0 (supports) and a warp's columns lie in one 64-aligned block, so they are all
   // valid or all past I: one check per warp, and the stores below use immediate offsets.
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
   Acc<Tl::kNT> acc;
-  mainloop<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, acc);
+  mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
 
   // NOTE: H % 64 == 0 (supports): the warp's columns are all valid or all past H (see gemm1).
   const int hc = h0 + wn * Tl::kWarpCols;

@@ -174,11 +174,11 @@ struct LaneAddr {
 // ldmatrix of k16 step ks of the stage at shared address sa (A) / sb (B). B 16-column group g
 // starts at row nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)); all offsets but the swizzle
 // are compile-time immediates.
-template <int NG, int kSplit>
+template <int NG, int kSplit, int MA>
 __device__ __forceinline__ void load_frags(Frags<2 * NG>& f, uint32_t sa, uint32_t sb, const LaneAddr& la, int ks) {
   const uint32_t a = sa + la.a_row + uint32_t(((2 * ks + la.ca) ^ la.l7) << 4);
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(f.a[mi], a + mi * 16 * kBK * 2);
+  for (int mi = 0; mi < MA; ++mi) ldmatrix_x4(f.a[mi], a + mi * 16 * kBK * 2);
   const uint32_t b = sb + la.b_row + uint32_t(((2 * ks + la.cb) ^ la.l7) << 4);
 #pragma unroll
   for (int p = 0; p < NG; ++p) {
@@ -192,10 +192,10 @@ __device__ __forceinline__ void load_frags(Frags<2 * NG>& f, uint32_t sa, uint32
   }
 }
 
-template <class TT, int NT>
+template <class TT, int NT, int MA>
 __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < MA; ++mi)
 #pragma unroll
     for (int j = 0; j < NT; ++j) MmaOp<TT>::run(acc.v[mi][j], f.a[mi], f.b[j][0], f.b[j][1]);
 }
@@ -204,10 +204,13 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 // groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)) (kSplit = 8 NG for
 // consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups, then the matching up groups). Ends
 // with every cp.async drained and a barrier, so the caller may reuse shared memory.
-template <class TT, int BM, int kSplit>
+// MA: the m16 tiles of each warp that are multiplied (4, or fewer when the caller knows the rows
+// of the others are all invalid: their accumulators stay 0).
+template <class TT, int BM, int kSplit, int MA = 4>
 __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
                                          Acc<Tile<BM>::kNT>& acc) {
   using Tl = Tile<BM>;
+  static_assert(MA >= 1 && MA <= 4, "1 to 4 m16 tiles per warp");
   constexpr int kStageBytes = Tl::kStageElems * 2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wrow = (warp / Tl::kWN) * kWarpRows;
@@ -235,7 +238,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
   cp_async_wait<kStages - 2>();
   __syncthreads();  // stage 0 landed for every thread
   Frags<Tl::kNT> f[2];
-  load_frags<Tl::kNG, kSplit>(f[0], s0, s0 + Tl::kBM * kBK * 2, la, 0);
+  load_frags<Tl::kNG, kSplit, MA>(f[0], s0, s0 + Tl::kBM * kBK * 2, la, 0);
   for (int kt = 0; kt < KT; ++kt) {
     // Slot (kt - 1) % kStages was last read before the barrier of the previous iteration.
     const int pf = kt + kStages - 1;
@@ -247,7 +250,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       if (ks + 1 < kBK / 16) {
-        load_frags<Tl::kNG, kSplit>(f[(ks + 1) & 1], sa, sb, la, ks + 1);
+        load_frags<Tl::kNG, kSplit, MA>(f[(ks + 1) & 1], sa, sb, la, ks + 1);
       } else {
         // NOTE: the wait + barrier sits before the last k16 step (CUTLASS sm80 multistage order):
         // stage kt + 1 has landed and every warp is done with the fragments of stage kt, whose
@@ -257,14 +260,29 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
         __syncthreads();
         if (kt + 1 < KT) {
           const uint32_t na = s0 + ((kt + 1) % kStages) * kStageBytes;
-          load_frags<Tl::kNG, kSplit>(f[(ks + 1) & 1], na, na + Tl::kBM * kBK * 2, la, 0);
+          load_frags<Tl::kNG, kSplit, MA>(f[(ks + 1) & 1], na, na + Tl::kBM * kBK * 2, la, 0);
         }
       }
-      mma_step<TT, Tl::kNT>(acc, f[ks & 1]);
+      mma_step<TT, Tl::kNT, MA>(acc, f[ks & 1]);
     }
   }
   cp_async_wait<0>();
   __syncthreads();
+}
+
+// mainloop with only the m16 tiles that hold valid rows: `rows` valid rows from the tile's first
+// (all warps must agree: BM 64 has one warp row, so rows <= 16 / 32 drop 3 / 2 of the 4 m16 tiles
+// of every warp). NOTE: experts with few rows (DeepSeek-V3 / Qwen3 at small T: 4-32 rows) are
+// where the padded MMA work dominated; BM 128 always runs all 4 (its tiles hold >= 64 rows on
+// average) so its mainloop stays one straight-line block.
+template <class TT, int BM, int kSplit>
+__device__ __forceinline__ void mainloop_rows(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
+                                              int rows, Acc<Tile<BM>::kNT>& acc) {
+  if constexpr (Tile<BM>::kWM == 1) {
+    if (rows <= 16) return mainloop<TT, BM, kSplit, 1>(smem, src, K, nbase0, acc);
+    if (rows <= 32) return mainloop<TT, BM, kSplit, 2>(smem, src, K, nbase0, acc);
+  }
+  mainloop<TT, BM, kSplit, 4>(smem, src, K, nbase0, acc);
 }
 
 }  // namespace moekit::cuda::grouped
