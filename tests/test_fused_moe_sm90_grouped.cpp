@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fused_moe_test_util.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -306,6 +307,46 @@ TEST(FusedMoeSm90Grouped, PartialNTilesHAndINotMultiplesOf128) {
   }
 }
 
+TEST(FusedMoeSm90Grouped, RowsAroundTheM16CutsOf64RowTiles) {
+  REQUIRE_CUDA();
+  // BM = 64 tiles multiply only the m16 tiles holding rows (1 up to 16 rows, 2 up to 32, else 4):
+  // experts with 16, 17, 32, 33 and 1 rows, expert 5 empty.
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(99, 6) == 64, "covers the BM = 64 tiles");
+  MoeProblem prob = make(small_shape(Scheme::bf16, 99, 6, 1, 128, 128));
+  const int counts[5] = {16, 17, 32, 33, 1};
+  int32_t* ids = prob.topk_ids.data<int32_t>();
+  int64_t t = 0;
+  for (int e = 0; e < 5; ++e) {
+    for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
+  }
+  ASSERT_EQ(t, prob.topk_ids.numel());
+  update_touched(&prob);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90Grouped, PartialNTilesWith128RowMTiles) {
+  REQUIRE_CUDA();
+  // 800 rows over 6 experts: BM = 128 (the case above runs BM = 64), partial M and N tiles.
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(400 * 2, 6) == 128, "covers the BM = 128 tiles");
+  for (bool g1u1 : {true, false}) {
+    MoeProblemOptions o;
+    o.g1u1 = g1u1;
+    MoeProblem prob = make(small_shape(Scheme::bf16, 400, 6, 2, 192, 320), o);
+    expect_matches_ref(prob);
+  }
+}
+
+TEST(FusedMoeSm90Grouped, AllTokensToOneExpert128RowMTiles) {
+  REQUIRE_CUDA();
+  // 700 rows on one expert with BM = 128: six M tiles, the last one partial (60 rows).
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(700, 6) == 128, "covers the BM = 128 tiles");
+  MoeProblem prob = make(small_shape(Scheme::bf16, 700, 6, 1, 128, 128));
+  int32_t* ids = prob.topk_ids.data<int32_t>();
+  for (int64_t i = 0; i < prob.topk_ids.numel(); ++i) ids[i] = 2;
+  update_touched(&prob);
+  expect_matches_ref(prob);
+}
+
 TEST(FusedMoeSm90Grouped, ManyTokensManyTilesPerExpert) {
   REQUIRE_CUDA();
   for (uint64_t seed : {1, 2}) {
@@ -373,6 +414,17 @@ void expect_refused(MoeProblem& prob, void (*edit)(FusedMoeParams&), const char*
   const Status st = supports_on_device(prob, edit);
   ASSERT_FALSE(st.ok()) << "expected a refusal naming '" << needle << "'";
   EXPECT_NE(st.to_string().find(needle), std::string::npos) << st.to_string();
+}
+
+TEST(FusedMoeSm90Grouped, TileMSelectionByRowsPerExpert) {
+  // Pure host rule: 128-row M tiles from 64 expected rows per expert (T*k / Eg) on, else 64.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(0, 8), 64);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(64 * 8 - 1, 8), 64);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(64 * 8, 8), 128);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(512 * 8, 256), 64);    // deepseek-v3 T=512
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(4096 * 8, 256), 128);  // deepseek-v3 T=4096
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(512 * 2, 8), 128);     // mixtral T=512
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(100, 0), 128);         // Eg = 0 guarded
 }
 
 TEST(FusedMoeSm90Grouped, AcceptsSupportedProblem) {

@@ -33,14 +33,21 @@ struct WsLayout {
   int64_t tk, tiles_max;
 };
 
+// M tile rows for p (64 or 128): see fused_moe_sm90_grouped_tile_m (the header).
+int tile_m_of(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  return fused_moe_sm90_grouped_tile_m(d.T * d.k, d.Eg);
+}
+
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 WsLayout layout_of(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
+  const int bm = tile_m_of(p);
   WsLayout l{};
   l.tk = d.T * d.k;
   // sum_e ceil(c_e / BM) <= floor(Tk / BM) + (number of non-empty experts).
-  l.tiles_max = (l.tk + kBM - 1) / kBM + std::min<int64_t>(d.E, l.tk);
+  l.tiles_max = (l.tk + bm - 1) / bm + std::min<int64_t>(d.E, l.tk);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
@@ -99,6 +106,7 @@ struct RouteArgs {
   int32_t* tile_expert;     // [tiles_max] out: expert of each M tile, -1 = unused tile
   int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
   int tk, E, Eg, tiles_max;
+  int bm;                   // M tile rows (64 or 128)
 };
 
 // Exclusive prefix sum over the kRouteThreads threads of the block (all must call it).
@@ -177,7 +185,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   __syncthreads();
 
   const int cnt = tid < a.E ? s_cnt[tid] : 0;
-  const int tiles = (cnt + kBM - 1) / kBM;
+  const int tiles = (cnt + a.bm - 1) / a.bm;
   const int off = block_exclusive_scan(cnt, s_warp);
   const int toff = block_exclusive_scan(tiles, s_warp);
   if (tid < a.E) {
@@ -204,7 +212,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   for (int e = tid; e < a.E; e += kRouteThreads) {
     for (int t = s_toff[e]; t < s_toff[e + 1]; ++t) {
       a.tile_expert[t] = e;
-      a.tile_row0[t] = s_off[e] + (t - s_toff[e]) * kBM;
+      a.tile_row0[t] = s_off[e] + (t - s_toff[e]) * a.bm;
     }
   }
   for (int t = s_toff[a.E] + tid; t < a.tiles_max; t += kRouteThreads) a.tile_expert[t] = -1;
@@ -226,22 +234,24 @@ struct Gemm1Args {
 };
 
 // Grid (tiles_max, N tiles): blockIdx.x fastest so one wave shares the weight N tile across the M
-// tiles (x, T x H, stays in L2). g1u1: an N tile is 64 gate rows [i0, i0+64) and the matching 64 up
-// rows [I+i0, ...), B rows 0..63 / 64..127; warp wn multiplies gate columns wn*16.. and up columns
-// 64+wn*16.., so each thread holds g and u of the same i. g1u0: 128 consecutive rows.
-template <class TT, bool G1U1, Activation A>
+// tiles (x, T x H, stays in L2). g1u1: an N tile is 128 gate rows [i0, i0+128) and the matching 128
+// up rows [I+i0, ...), B rows 0..127 / 128..255; warp wn multiplies gate columns wn*GW.. and up
+// columns 128+wn*GW.. (GW = kWarpCols / 2), so each thread holds g and u of the same i: gate in
+// n8 tiles j < NT/2, up in j + NT/2. g1u0: 256 consecutive rows.
+template <class TT, int BM, bool G1U1, Activation A>
 __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
+  using Tl = Tile<BM>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ int s_entry[kBM];
-  __shared__ float s_win[kBM];
+  __shared__ int s_entry[BM];
+  __shared__ float s_win[BM];
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
   const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
 
-  if (tid < kBM) {
+  if (tid < BM) {
     const int r = row0 + tid;
     const int ent = r < row_end ? p.row_entry[r] : -1;
     s_entry[tid] = ent;
@@ -251,49 +261,60 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
 
   const TT* x = static_cast<const TT*>(p.x);
   const TT* w1 = static_cast<const TT*>(p.w1) + int64_t(e) * (G1U1 ? 2 : 1) * p.I * p.H;
-  TileSources<TT> src;
+  TileSources<TT, BM> src;
+  src.a_base = x;
+  src.a_ld = p.xs;
 #pragma unroll
-  for (int i = 0; i < kLoadsPerThread; ++i) {
-    const int row = loader_row(tid, i);
-    const int ent = s_entry[row];
-    src.a_ok[i] = ent >= 0;
-    src.a[i] = ent >= 0 ? x + int64_t(ent / p.k) * p.xs : x;  // gather: token = entry / k
-    const int n = G1U1 ? (row < kBN / 2 ? i0 + row : p.I + i0 + row - kBN / 2) : i0 + row;
-    const bool ok = (G1U1 ? i0 + (row & (kBN / 2 - 1)) : n) < p.I;
-    src.b_ok[i] = ok;
-    src.b[i] = ok ? w1 + int64_t(n) * p.H : w1;
+  for (int i = 0; i < Tl::kLoadsA; ++i) {
+    const int ent = s_entry[loader_row(tid, i)];
+    src.a_row[i] = ent >= 0 ? ent / p.k : -1;  // gather: token = entry / k
   }
-  const int nbase[2] = {G1U1 ? wn * 16 : wn * 32, G1U1 ? kBN / 2 + wn * 16 : wn * 32 + 16};
-  Acc acc;
-  mainloop<TT>(reinterpret_cast<TT*>(smem_raw), src, p.H, nbase, acc);
+  // B row of load i: g1u1 gate i0 + r (i < 4) / up I + i0 + r - 128 (i >= 4), g1u0 i0 + r, with
+  // r = loader_row(tid, i); valid while its column i0 + (r & 127) (g1u1) / i0 + r (g1u0) < I.
+  const int r0 = loader_row(tid, 0);
+  src.b_run[0] = w1 + int64_t(i0 + r0) * p.H;
+  src.b_run[1] = w1 + int64_t(G1U1 ? p.I + i0 + r0 : i0 + r0 + kBN / 2) * p.H;
+  src.b_step = int64_t(kThreads / 8) * p.H;
+  // NOTE: I % 32 == 0 and r0 < 32, so i0 + r0 + 32 m < I <=> 32 m < I - i0: the same for every
+  // thread of the CTA (uniform), which keeps the predicates out of per-thread registers.
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < Tl::kLoadsB; ++i) {
+    const int m = G1U1 ? i % (Tl::kLoadsB / 2) : i;  // 32-row block of the column
+    src.b_ok |= uint32_t(32 * m < p.I - i0) << i;
+  }
+  constexpr int kGW = Tl::kWarpCols / 2;  // g1u1: gate (and up) columns per warp
+  Acc<Tl::kNT> acc;
+  mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
+                                                      row_end - row0, acc);
 
-  TT* out = static_cast<TT*>(p.a);
+  // NOTE: I % 64 == 0 (supports) and a warp's columns lie in one 64-aligned block, so they are all
+  // valid or all past I: one check per warp, and the stores below use immediate offsets.
+  const int ic = i0 + wn * (G1U1 ? kGW : Tl::kWarpCols);  // the warp's first column of a
+  if (ic >= p.I) return;
+  TT* out = static_cast<TT*>(p.a) + ic + 2 * (lane & 3);
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int rl = wm * 64 + mi * 16 + (lane >> 2) + 8 * h;
+      const int rl = wm * kWarpRows + mi * 16 + (lane >> 2) + 8 * h;
       if (row0 + rl >= row_end) continue;
       const float w = s_win[rl];
       TT* orow = out + int64_t(row0 + rl) * p.I;
       if constexpr (G1U1) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int i = i0 + wn * 16 + j * 8 + 2 * (lane & 3);
-          if (i >= p.I) continue;
+        for (int j = 0; j < Tl::kNT / 2; ++j) {
           const float* g = &acc.v[mi][j][2 * h];
-          const float* u = &acc.v[mi][j + 2][2 * h];
+          const float* u = &acc.v[mi][j + Tl::kNT / 2][2 * h];
           const float a0 = act<A>(g[0] * w) * (u[0] * w);
           const float a1 = act<A>(g[1] * w) * (u[1] * w);
-          *reinterpret_cast<uint32_t*>(orow + i) = pack2<TT>(a0, a1);
+          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(a0, a1);
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = i0 + wn * 32 + j * 8 + 2 * (lane & 3);
-          if (i >= p.I) continue;
+        for (int j = 0; j < Tl::kNT; ++j) {
           const float* g = &acc.v[mi][j][2 * h];
-          *reinterpret_cast<uint32_t*>(orow + i) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
+          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
         }
       }
     }
@@ -311,43 +332,51 @@ struct Gemm2Args {
   int H, I;
 };
 
-template <class TT>
+template <class TT, int BM>
 __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
+  using Tl = Tile<BM>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
   const int h0 = blockIdx.y * kBN;
 
   const TT* a = static_cast<const TT*>(p.a);
   const TT* w2 = static_cast<const TT*>(p.w2) + int64_t(e) * p.H * p.I;
-  TileSources<TT> src;
+  TileSources<TT, BM> src;
+  src.a_base = a;
+  src.a_ld = p.I;
 #pragma unroll
-  for (int i = 0; i < kLoadsPerThread; ++i) {
-    const int row = loader_row(tid, i);
-    src.a_ok[i] = row0 + row < row_end;
-    src.a[i] = src.a_ok[i] ? a + int64_t(row0 + row) * p.I : a;
-    src.b_ok[i] = h0 + row < p.H;
-    src.b[i] = src.b_ok[i] ? w2 + int64_t(h0 + row) * p.I : w2;
+  for (int i = 0; i < Tl::kLoadsA; ++i) {
+    const int row = row0 + loader_row(tid, i);
+    src.a_row[i] = row < row_end ? row : -1;
   }
-  const int nbase[2] = {wn * 32, wn * 32 + 16};
-  Acc acc;
-  mainloop<TT>(reinterpret_cast<TT*>(smem_raw), src, p.I, nbase, acc);
+  const int r0 = loader_row(tid, 0);  // B rows h0 + r0 + 32 i, valid below H
+  src.b_run[0] = w2 + int64_t(h0 + r0) * p.I;
+  src.b_run[1] = w2 + int64_t(h0 + r0 + kBN / 2) * p.I;
+  src.b_step = int64_t(kThreads / 8) * p.I;
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < Tl::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
+  Acc<Tl::kNT> acc;
+  mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
 
+  // NOTE: H % 64 == 0 (supports): the warp's columns are all valid or all past H (see gemm1).
+  const int hc = h0 + wn * Tl::kWarpCols;
+  if (hc >= p.H) return;
+  float* y = p.y + hc + 2 * (lane & 3);
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int rl = wm * 64 + mi * 16 + (lane >> 2) + 8 * h;
+      const int rl = wm * kWarpRows + mi * 16 + (lane >> 2) + 8 * h;
       if (row0 + rl >= row_end) continue;
-      float* yrow = p.y + int64_t(row0 + rl) * p.H;
+      float* yrow = y + int64_t(row0 + rl) * p.H;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = h0 + wn * 32 + j * 8 + 2 * (lane & 3);
-        if (c >= p.H) continue;
-        *reinterpret_cast<float2*>(yrow + c) = make_float2(acc.v[mi][j][2 * h], acc.v[mi][j][2 * h + 1]);
+      for (int j = 0; j < Tl::kNT; ++j) {
+        *reinterpret_cast<float2*>(yrow + j * 8) = make_float2(acc.v[mi][j][2 * h], acc.v[mi][j][2 * h + 1]);
       }
     }
   }
@@ -397,27 +426,49 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
 }
 
 // ---------------------------------------------------------------- host side
-template <class TT, bool G1U1>
+template <class TT, int BM, bool G1U1>
 Status launch_gemm1(Activation act_kind, dim3 grid, cudaStream_t s, const Gemm1Args& args) {
   auto pick = [&]() {
     switch (act_kind) {
-      case Activation::gelu: return gemm1_kernel<TT, G1U1, Activation::gelu>;
-      case Activation::gelu_tanh: return gemm1_kernel<TT, G1U1, Activation::gelu_tanh>;
+      case Activation::gelu: return gemm1_kernel<TT, BM, G1U1, Activation::gelu>;
+      case Activation::gelu_tanh: return gemm1_kernel<TT, BM, G1U1, Activation::gelu_tanh>;
       case Activation::silu: break;
     }
-    return gemm1_kernel<TT, G1U1, Activation::silu>;
+    return gemm1_kernel<TT, BM, G1U1, Activation::silu>;
   };
   auto* fn = pick();
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+  constexpr int kSmem = Tile<BM>::kSmemBytes;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                                     "fused_moe_sm90_grouped gemm1: cudaFuncSetAttribute"));
-  fn<<<grid, kThreads, kSmemBytes, s>>>(args);
+  fn<<<grid, kThreads, kSmem, s>>>(args);
   return last_launch("fused_moe_sm90_grouped gemm1");
+}
+
+// The two grouped GEMMs with BM x 256 tiles (routing already ran with the same BM).
+template <class TT, int BM>
+Status launch_gemms(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& g2, unsigned tiles,
+                    cudaStream_t s) {
+  const MoeDims d = moe_dims(p);
+  const dim3 grid1(tiles, unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)));
+  if (d.g1u1) {
+    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, BM, true>(p.activation, grid1, s, g1)));
+  } else {
+    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, BM, false>(p.activation, grid1, s, g1)));
+  }
+  constexpr int kSmem = Tile<BM>::kSmemBytes;
+  const dim3 grid2(tiles, unsigned(ceil_div(d.H, kBN)));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(
+      cudaFuncSetAttribute(gemm2_kernel<TT, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+      "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
+  gemm2_kernel<TT, BM><<<grid2, kThreads, kSmem, s>>>(g2);
+  return last_launch("fused_moe_sm90_grouped gemm2");
 }
 
 template <class TT>
 Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
   const WsLayout l = layout_of(p);
+  const int bm = tile_m_of(p);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   auto* local = reinterpret_cast<int32_t*>(base + l.local);
@@ -434,26 +485,18 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
                p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
                local, offsets, row_entry, slot_row, tile_expert, tile_row0,
-               int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max)};
+               int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), bm};
   route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
   MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped route"));
 
   Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
                tile_expert, tile_row0, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
-  const dim3 grid1(unsigned(l.tiles_max), unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)));
-  if (d.g1u1) {
-    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, true>(p.activation, grid1, s, g1)));
-  } else {
-    MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, false>(p.activation, grid1, s, g1)));
-  }
-
   Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, y, int(d.H), int(d.I)};
-  const dim3 grid2(unsigned(l.tiles_max), unsigned(ceil_div(d.H, kBN)));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(
-      cudaFuncSetAttribute(gemm2_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-      "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
-  gemm2_kernel<TT><<<grid2, kThreads, kSmemBytes, s>>>(g2);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped gemm2"));
+  if (bm == 64) {
+    MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
+  } else {
+    MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 128>(p, g1, g2, unsigned(l.tiles_max), s)));
+  }
 
   ReduceArgs rd{y, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H), int(d.k),
                 p.weight_on_input};

@@ -5,9 +5,12 @@
 //   1. route   (1 block): global -> local expert table, per-expert counts of the (token, slot)
 //      entries, exclusive scans, a row -> entry list (rows grouped by expert) and a fixed-size
 //      tile -> (expert, first row) list. Bad ids (outside [-1, Eg)) and remote experts are skipped.
-//   2. gemm1   (tiles x I/64): gathers x rows, h = x . w1[e]^T for matching gate/up columns,
-//      a = act(w*g) * (w*u) (w = 1 unless weight_on_input), rounded to x's dtype -> workspace.
-//   3. gemm2   (tiles x H/128): y_row = a_row . w2[e]^T in f32 -> workspace.
+//   2. gemm1   (tiles x I/128 for g1u1, I/256 for g1u0): gathers x rows, h = x . w1[e]^T for
+//      matching gate/up columns, a = act(w*g) * (w*u) (w = 1 unless weight_on_input), rounded to
+//      x's dtype -> workspace.
+//   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace.
+// M tiles are BM = 64 or 128 rows of one expert (fused_moe_sm90_grouped_tile_m), N tiles 256; a
+// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices.
 //   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // Deterministic by default (by construction): every row is computed independently with a fixed K
 // order and the sum over k is done per token in slot order; no float atomics anywhere.
@@ -15,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "moekit/ops/fused_moe.h"
 #include "moekit/registry.h"
@@ -28,6 +32,16 @@ Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p);
 size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p);
 // Runs the kernel (p validated and supported, T >= 1, ctx.workspace on the device).
 Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx);
+
+// M tile rows the kernel uses for T*k = tk routed entries over num_global_experts (Eg) experts:
+// 128 when the expected rows per expert tk / Eg >= 64, else 64. Pure (host and tests).
+// NOTE: model behind the threshold (mma.sync is shared-memory bound on Hopper): the 64 x 64 warp
+// tile of BM 128 issues ~1.5x the HMMA per ldmatrix byte of the 64 x 32 warp tile of BM 64, while
+// an expert with r rows pads to ceil(r / BM) * BM; at r = 64 BM 128 wastes 2x and BM 64 ~1.3x
+// (the spread of random routing), so the two break even there.
+constexpr int fused_moe_sm90_grouped_tile_m(int64_t tk, int64_t num_global_experts) {
+  return tk >= 64 * (num_global_experts > 1 ? num_global_experts : 1) ? 128 : 64;
+}
 
 // Adds the registry row (priority 100, variant unquantized).
 void register_fused_moe_sm90_grouped(Registry& r);
