@@ -17,18 +17,19 @@ TEST(FusedMoeHeuristic, RowsPerTouchedExpert) {
 }
 
 TEST(FusedMoeHeuristic, AnchorShapes) {
-  // Mixtral (E 8, k 2): 1 and 2 rows per expert at T = 1, 8 are decode; T = 64 (16 rows) GEMM.
+  // Mixtral (E 8, k 2): 1 row per expert at T = 1 is decode; 2 rows at T = 8 already GEMM.
   EXPECT_EQ(pick(1, 2, 8), MoeStrategy::small_m);
-  EXPECT_EQ(pick(8, 2, 8), MoeStrategy::small_m);
-  EXPECT_EQ(pick(12, 2, 8), MoeStrategy::small_m);  // exactly 3 rows
-  EXPECT_EQ(pick(13, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(6, 2, 8), MoeStrategy::small_m);  // exactly 1.5 rows
+  EXPECT_EQ(pick(7, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(8, 2, 8), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(64, 2, 8), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(4096, 2, 8), MoeStrategy::grouped_gemm);
-  // DeepSeek-V3 (E 256, k 8): 2 rows per expert at T = 64, 16 at T = 512.
+  // DeepSeek-V3 (E 256, k 8): 1 row per expert at T = 8, 2 at T = 64, 16 at T = 512.
   EXPECT_EQ(pick(1, 8, 256), MoeStrategy::small_m);
-  EXPECT_EQ(pick(64, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick(8, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick(64, 8, 256), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(512, 8, 256), MoeStrategy::grouped_gemm);
-  // Qwen3-30B-A3B (E 128, k 8): 1 row at T = 8, 4 at T = 64 (measured: the GEMM wins), 32 at 512.
+  // Qwen3-30B-A3B (E 128, k 8): 1 row at T = 8, 4 at T = 64, 32 at T = 512.
   EXPECT_EQ(pick(8, 8, 128), MoeStrategy::small_m);
   EXPECT_EQ(pick(64, 8, 128), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(512, 8, 128), MoeStrategy::grouped_gemm);

@@ -27,22 +27,22 @@ struct MoeStrategyChoice {
 };
 
 // NOTE: the threshold, measured on the H200 (docs/PERF.md, 2026-11-29, full-size presets, bf16,
-// CUDA-graph replay, L2 flushed): at 2 rows per touched expert the small_m kernel wins (Mixtral T=8:
-// 753 vs 1051 us; DeepSeek-V3 T=64: 5315 vs 7155 us), at 4 rows the grouped GEMM wins (Qwen3 T=64:
-// 497 vs 690 us). small_m does 2m flop per weight element on CUDA cores and re-reads its staged rows
-// per output row, so it leaves the memory-bound regime early; the grouped GEMM pays for tile padding
-// at few rows but not for arithmetic. 3 sits between the measured points. Rows per touched expert:
-// T*k spread over min(E, T*k) experts (uniform routing).
-constexpr double kSmallMMaxRowsPerExpert = 3.0;
+// CUDA-graph replay, L2 flushed) with the BM 64 / BM 128 x 256 grouped GEMM: at 1 row per touched
+// expert small_m wins (DeepSeek-V3 T=8: 1177 vs 1264 us; Qwen3 T=8: 148 vs 159 us; every T=1), at 2
+// rows the grouped GEMM already wins (Mixtral T=8: 667 vs 744 us; DeepSeek-V3 T=64: 4466 vs 5068 us).
+// small_m does its dots on CUDA cores and re-reads the staged rows per output row, so it only beats
+// the tensor cores while almost every expert sees a single row. 1.5 sits between the measured
+// points. Rows per touched expert: T*k spread over min(E, T*k) experts (uniform routing).
+constexpr double kSmallMMaxRowsPerExpert = 1.5;
 
 inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
   const int64_t entries = T * k;
   const int64_t touched = entries < E ? entries : E;
   const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
   if (rows <= kSmallMMaxRowsPerExpert) {
-    return {MoeStrategy::small_m, rows, "<= 3 rows per touched expert: memory-bound, stream weights once"};
+    return {MoeStrategy::small_m, rows, "<= 1.5 rows per touched expert: memory-bound, stream weights once"};
   }
-  return {MoeStrategy::grouped_gemm, rows, "> 3 rows per touched expert: tensor-core grouped GEMM"};
+  return {MoeStrategy::grouped_gemm, rows, "> 1.5 rows per touched expert: tensor-core grouped GEMM"};
 }
 
 }  // namespace moekit
