@@ -13,6 +13,8 @@
 // uses the same (value desc, id asc) order with NaN ranked as -inf.
 #pragma once
 
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -164,6 +166,19 @@ inline int values_per_lane(int64_t Eg) {
   int vpt = 1;
   while (vpt * kWarp < Eg) vpt *= 2;
   return vpt;
+}
+
+// The one launch switch of the routing kernels: calls launch(std::integral_constant<int, VPT>{})
+// with VPT = values_per_lane(Eg) in {1, 2, 4, 8, 16} (Eg <= 512 is checked by supports()).
+template <class Launch>
+void with_values_per_lane(int64_t Eg, Launch&& launch) {
+  switch (values_per_lane(Eg)) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 8: launch(std::integral_constant<int, 8>{}); break;
+    default: launch(std::integral_constant<int, 16>{}); break;
+  }
 }
 
 }  // namespace moekit::cuda::routing

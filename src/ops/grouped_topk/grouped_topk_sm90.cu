@@ -167,11 +167,6 @@ Status supports(const GroupedTopkParams& p) {
   return Status::Ok();
 }
 
-template <int VPT>
-void launch(const Args& a, cudaStream_t stream) {
-  grouped_topk_kernel<VPT><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
-}
-
 Status run(const GroupedTopkParams& p, const RunContext& ctx) {
   Args a;
   a.gating = p.gating.data;
@@ -190,13 +185,9 @@ Status run(const GroupedTopkParams& p, const RunContext& ctx) {
   a.ids = p.topk_ids.ptr<int32_t>();
   if (a.T == 0) return Status::Ok();
   auto stream = static_cast<cudaStream_t>(ctx.stream);
-  switch (values_per_lane(a.Eg)) {
-    case 1: launch<1>(a, stream); break;
-    case 2: launch<2>(a, stream); break;
-    case 4: launch<4>(a, stream); break;
-    case 8: launch<8>(a, stream); break;
-    default: launch<16>(a, stream); break;
-  }
+  with_values_per_lane(a.Eg, [&](auto vpt) {
+    grouped_topk_kernel<decltype(vpt)::value><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
+  });
   return last_launch("grouped_topk_sm90");
 }
 

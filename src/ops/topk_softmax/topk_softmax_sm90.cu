@@ -82,12 +82,6 @@ Status supports(const TopkSoftmaxParams& p) {
   return Status::Ok();
 }
 
-template <int VPT>
-void launch(const Args& a, cudaStream_t stream) {
-  const int grid = ceil_div(a.T, kWarpsPerBlock);
-  topk_softmax_kernel<VPT><<<grid, kWarp * kWarpsPerBlock, 0, stream>>>(a);
-}
-
 Status run(const TopkSoftmaxParams& p, const RunContext& ctx) {
   Args a;
   a.gating = p.gating.data;
@@ -102,13 +96,9 @@ Status run(const TopkSoftmaxParams& p, const RunContext& ctx) {
   a.tei = p.token_expert_indices.present() ? p.token_expert_indices.ptr<int32_t>() : nullptr;
   if (a.T == 0) return Status::Ok();
   auto stream = static_cast<cudaStream_t>(ctx.stream);
-  switch (values_per_lane(a.Eg)) {
-    case 1: launch<1>(a, stream); break;
-    case 2: launch<2>(a, stream); break;
-    case 4: launch<4>(a, stream); break;
-    case 8: launch<8>(a, stream); break;
-    default: launch<16>(a, stream); break;
-  }
+  with_values_per_lane(a.Eg, [&](auto vpt) {
+    topk_softmax_kernel<decltype(vpt)::value><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
+  });
   return last_launch("topk_softmax_sm90");
 }
 
