@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "moekit/ops/fused_moe.h"
+#include "moekit/ops/routing.h"
+#include "moekit/ops/sorting.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -110,6 +112,120 @@ TEST(CudaGraph, FusedMoeReplayWithChangedInputs) {
       cudaStreamDestroy(stream);
     }
   }
+}
+
+// Routing then sorting, captured together (the stage in front of the fused kernels): topk_softmax
+// over new logits and sort_tokens of its ids, replayed with the logits changed in place; both
+// outputs must equal the reference kernels' on the data of each replay.
+TEST(CudaGraph, RoutingAndSortingReplayWithChangedInputs) {
+  if (!registry().backend_available(Backend::cuda).ok()) GTEST_SKIP() << "no CUDA device";
+  if (registry().find("topk_softmax_sm90") == nullptr || registry().find("sort_tokens_sm90") == nullptr) {
+    GTEST_SKIP() << "CUDA routing / sorting kernels not registered";
+  }
+  const int64_t T = 300, E = 64, k = 6, block_m = 16;
+  const int64_t P = sort_tokens_max_padded(T, k, E, block_m), B = sort_tokens_max_blocks(T, k, E, block_m);
+  using testing::Buffer;
+  Buffer logits(DType::bf16, {T, E}), w(DType::f32, {T, k}), ids(DType::i32, {T, k});
+  Buffer sid(DType::i32, {P}), sw(DType::f32, {P}), seid(DType::i32, {B}), nv(DType::i32, {1});
+  // Host reference of both ops for one set of logits: the integer outputs concatenated (compared
+  // exactly) and the sorted weights (compared within the routing tolerance: the device softmax may
+  // differ from the host's by an ulp).
+  struct Ref {
+    std::vector<unsigned char> ints;
+    std::vector<double> weights;
+  };
+  auto reference = [&](const Buffer& lg) {
+    Buffer rw = w, rid = ids, a = sid, b = sw, c = seid, d = nv;
+    TopkSoftmaxParams tp;
+    tp.gating = lg.view;
+    tp.k = int(k);
+    tp.renormalize = true;
+    tp.topk_weights = rw.view;
+    tp.topk_ids = rid.view;
+    RunOptions o;
+    o.kernel = "topk_softmax_ref";
+    EXPECT_TRUE(topk_softmax(tp, o).ok());
+    SortTokensParams sp;
+    sp.topk_ids = rid.view;
+    sp.topk_weights = rw.view;
+    sp.num_experts = int(E);
+    sp.block_m = int(block_m);
+    sp.sorted_token_ids = a.view;
+    sp.sorted_weights = b.view;
+    sp.sorted_expert_ids = c.view;
+    sp.num_valid = d.view;
+    o.kernel = "sort_tokens_ref";
+    EXPECT_TRUE(sort_tokens(sp, o).ok());
+    Ref r;
+    r.ints = rid.bytes;
+    for (const Buffer* x : {&a, &c, &d}) r.ints.insert(r.ints.end(), x->bytes.begin(), x->bytes.end());
+    r.weights = testing::to_doubles(b.view);
+    return r;
+  };
+  testing::Rng rng(5);
+  Buffer la = logits, lb = logits;
+  rng.fill_normal(la, 2.0f);
+  rng.fill_normal(lb, 2.0f);
+  const Ref want_a = reference(la), want_b = reference(lb);
+
+  testing::DeviceMirror m(Backend::cuda);
+  TopkSoftmaxParams tp;
+  tp.gating = logits.view;
+  tp.k = int(k);
+  tp.renormalize = true;
+  tp.topk_weights = w.view;
+  tp.topk_ids = ids.view;
+  ASSERT_TRUE(m.input(&tp.gating).ok());
+  ASSERT_TRUE(m.output(&tp.topk_weights).ok());
+  ASSERT_TRUE(m.output(&tp.topk_ids).ok());
+  SortTokensParams sp;
+  sp.topk_ids = tp.topk_ids;  // device views: the sort reads what the router wrote
+  sp.topk_weights = tp.topk_weights;
+  sp.num_experts = int(E);
+  sp.block_m = int(block_m);
+  sp.sorted_token_ids = sid.view;
+  sp.sorted_weights = sw.view;
+  sp.sorted_expert_ids = seid.view;
+  sp.num_valid = nv.view;
+  for (TensorView* t : {&sp.sorted_token_ids, &sp.sorted_weights, &sp.sorted_expert_ids, &sp.num_valid}) {
+    ASSERT_TRUE(m.output(t).ok());
+  }
+  RunOptions ro, so;
+  ro.kernel = "topk_softmax_sm90";
+  so.kernel = "sort_tokens_sm90";
+  size_t ws = 0;
+  ASSERT_TRUE(sort_tokens_workspace_size(sp, so, &ws).ok());
+  ASSERT_TRUE(m.scratch(ws, &so.workspace).ok());
+  so.workspace_bytes = ws;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ro.stream = so.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status s1 = topk_softmax(tp, ro);
+  const Status s2 = sort_tokens(sp, so);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s1.ok()) << s1.to_string();
+  ASSERT_TRUE(s2.ok()) << s2.to_string();
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const DeviceOps* ops = registry().device_ops(Backend::cuda);
+  for (int round = 0; round < 2; ++round) {
+    const Buffer& src = round == 0 ? la : lb;
+    ASSERT_TRUE(ops->copy_to_device(tp.gating.data, src.bytes.data(), size_t(src.view.nbytes())).ok());
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    ASSERT_TRUE(m.copy_back().ok());
+    const Ref& want = round == 0 ? want_a : want_b;
+    std::vector<unsigned char> got = ids.bytes;
+    for (const Buffer* x : {&sid, &seid, &nv}) got.insert(got.end(), x->bytes.begin(), x->bytes.end());
+    EXPECT_EQ(got, want.ints) << "replay " << round << ": ids or sorted ids / blocks / num_valid differ";
+    const testing::Metrics met = testing::compare_close(testing::to_doubles(sw.view), want.weights, 1e-6, 1e-5);
+    EXPECT_EQ(met.mismatches, 0) << "replay " << round << ": sorted weights, worst " << met.worst;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
