@@ -43,6 +43,14 @@ constexpr int fused_moe_sm90_grouped_tile_m(int64_t tk, int64_t num_global_exper
   return tk >= 64 * (num_global_experts > 1 ? num_global_experts : 1) ? 128 : 64;
 }
 
+// Whether the M tiles of BM rows run the wgmma (HGMMA m64n256k16) mainloop instead of mma.sync:
+// BM = 128 only (two warpgroups of 64 rows), unless built with -DMOEKIT_GROUPED_WGMMA=0 (then
+// mma.sync everywhere, the fallback). Pure (host and tests).
+#ifndef MOEKIT_GROUPED_WGMMA
+#define MOEKIT_GROUPED_WGMMA 1
+#endif
+constexpr bool fused_moe_sm90_grouped_uses_wgmma(int tile_m) { return MOEKIT_GROUPED_WGMMA != 0 && tile_m == 128; }
+
 // Adds the registry row (priority 100, variant unquantized).
 void register_fused_moe_sm90_grouped(Registry& r);
 
