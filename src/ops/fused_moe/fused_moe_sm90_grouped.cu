@@ -1,6 +1,7 @@
 // fused_moe_sm90_grouped (see fused_moe_sm90_grouped.h): routing into expert-contiguous rows, the
-// two grouped GEMMs on HMMA tensor cores (mainloop in fused_moe_sm90_grouped_mma.cuh) and the
-// per-token reduction over k. SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics;
+// two grouped GEMMs on tensor cores (mainloops: wgmma / HGMMA for 128-row M tiles in
+// fused_moe_sm90_grouped_wgmma.cuh, mma.sync / HMMA for 64-row ones and as the fallback in
+// fused_moe_sm90_grouped_mma.cuh; Mainloop<BM> below picks) and the per-token reduction over k. SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics;
 // the integer atomics of the routing kernel only order rows inside an expert, which changes no
 // value: every row is computed independently and the sum over k runs per token in slot order).
 // Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
@@ -111,12 +112,6 @@ struct Mainloop {
   static constexpr int kSmemBytes = Tile<BM>::kSmemBytes + (kWgmma ? int(kSw128AtomBytes) : 0);
   static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
 };
-
-// The first byte of the dynamic shared memory at or after p on a 1024-byte (shared address) boundary.
-__device__ __forceinline__ void* align_smem_1024(unsigned char* p) {
-  const uint32_t a = smem_addr(p);
-  return p + ((kSw128AtomBytes - a % kSw128AtomBytes) % kSw128AtomBytes);
-}
 
 // ---------------------------------------------------------------- 1. routing
 struct RouteArgs {

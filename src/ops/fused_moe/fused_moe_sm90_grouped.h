@@ -10,7 +10,9 @@
 //      x's dtype -> workspace.
 //   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace.
 // M tiles are BM = 64 or 128 rows of one expert (fused_moe_sm90_grouped_tile_m), N tiles 256; a
-// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices.
+// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices. 128-row
+// tiles run on wgmma (HGMMA m64n256k16, two warpgroups), 64-row ones on mma.sync (HMMA m16n8k16);
+// see fused_moe_sm90_grouped_uses_wgmma.
 //   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // Deterministic by default (by construction): every row is computed independently with a fixed K
 // order and the sum over k is done per token in slot order; no float atomics anywhere.

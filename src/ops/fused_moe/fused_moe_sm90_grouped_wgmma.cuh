@@ -40,6 +40,12 @@ struct AccW {
   float v[1][kWgNT][4];
 };
 
+// The first byte at or after p (shared memory) on a 1024-byte boundary: where the stages start.
+__device__ __forceinline__ void* align_smem_1024(unsigned char* p) {
+  const uint32_t a = smem_addr(p);
+  return p + ((kSw128AtomBytes - a % kSw128AtomBytes) % kSw128AtomBytes);
+}
+
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
