@@ -1,9 +1,10 @@
 // fused_moe_sm90_grouped (see fused_moe_sm90_grouped.h): routing into expert-contiguous rows, the
 // two grouped GEMMs on tensor cores (mainloops: wgmma / HGMMA for 128-row M tiles in
 // fused_moe_sm90_grouped_wgmma.cuh, mma.sync / HMMA for 64-row ones and as the fallback in
-// fused_moe_sm90_grouped_mma.cuh; Mainloop<BM> below picks) and the per-token reduction over k. SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics;
-// the integer atomics of the routing kernel only order rows inside an expert, which changes no
-// value: every row is computed independently and the sum over k runs per token in slot order).
+// fused_moe_sm90_grouped_mma.cuh; Mainloop<BM> below picks) and the per-token reduction over k.
+// SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics; the integer atomics of the
+// routing kernel only order rows inside an expert, which changes no value: every row is computed
+// independently and the sum over k runs per token in slot order).
 // Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 

@@ -10,8 +10,11 @@
 // every stage starts on a 1024-byte boundary (the caller aligns `smem`).
 // Per 64-wide K slice kt: wait for its cp.async group, fence.proxy.async (the tensor cores read
 // through the async proxy what cp.async wrote through the generic one), barrier; issue the 4 k16
-// wgmma, commit; refill the slot of slice kt - 1 (free: every warpgroup waited for its wgmma
-// before the barrier) with slice kt + 3 while they run; wait for the wgmma group (0 in flight).
+// wgmma, commit; refill, while they run, the slot of slice kt - 1 - F with slice kt + D
+// (D = kStages - 1 - F); wait until at most F = kWgmmaInFlight wgmma groups are pending. The slot
+// is free because every warpgroup waited for its wgmma of kt - 1 - F before the barrier.
+// NOTE: F = 1 (default) keeps the tensor pipe fed across the barrier (no drain per slice) at the
+// price of a prefetch distance of 2 slices instead of 3; F = 0 is the other trade.
 // Accumulators (PTX ISA, wgmma .m64nNk16 D fragment): warp w of the CTA (w = 4 g + warp in group)
 // owns rows 16 w .. 16 w + 15; d[j][q] of lane l is row 16 w + (l >> 2) + 8 (q >> 1), column
 // 8 j + 2 (l & 3) + (q & 1), j < 32. That is the m16n8 layout of mma.sync with one m16 tile per
@@ -34,6 +37,13 @@ namespace moekit::cuda::grouped {
 
 constexpr int kWgN = 256;                 // columns per wgmma (m64n256k16)
 constexpr int kWgNT = kWgN / 8;           // n8 column blocks per thread: 32
+// wgmma groups (one per K slice) left pending at the end of each slice: 0 or 1 (see the top).
+#ifndef MOEKIT_GROUPED_WGMMA_IN_FLIGHT
+#define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 1
+#endif
+constexpr int kWgmmaInFlight = MOEKIT_GROUPED_WGMMA_IN_FLIGHT;
+static_assert(kWgmmaInFlight == 0 || kWgmmaInFlight == 1, "0 or 1 wgmma groups in flight");
+constexpr int kWgPrefetch = kStages - 1 - kWgmmaInFlight;  // K slices loaded ahead: 2 or 3
 
 // Accumulators of one thread for the wgmma path (see the top for the (row, col) mapping).
 struct AccW {
@@ -132,14 +142,14 @@ __device__ __forceinline__ void mainloop_wgmma(void* smem, const TileSources<TT,
 
   const int KT = K / kBK;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kWgPrefetch; ++s) {
     if (s < KT) load_stage<TT, 128>(s0 + s * kStageBytes, src, s * kBK, tid);
     cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of slice kt landed
+    cp_async_wait<kWgPrefetch - 1>();  // this thread's copies of slice kt landed
     fence_proxy_async_smem();
-    __syncthreads();  // everyone's copies landed; every wgmma of slice kt - 1 completed
+    __syncthreads();  // everyone's copies landed; every wgmma of slice kt - 1 - F completed
     const uint32_t st = s0 + uint32_t(kt % kStages) * kStageBytes;
     const uint64_t da = wgmma_desc_sw128(st + a_off);
     const uint64_t db = wgmma_desc_sw128(st + kABytes);
@@ -151,12 +161,14 @@ __device__ __forceinline__ void mainloop_wgmma(void* smem, const TileSources<TT,
       WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
     }
     wgmma_commit();
-    const int pf = kt + kStages - 1;  // into slot (kt - 1) % kStages, read by the wgmma of kt - 1
+    const int pf = kt + kWgPrefetch;  // into slot (kt - 1 - F) % kStages: see the top
     if (pf < KT) load_stage<TT, 128>(s0 + uint32_t(pf % kStages) * kStageBytes, src, pf * kBK, tid);
     cp_async_commit();
-    wgmma_wait<0>();
+    wgmma_wait<kWgmmaInFlight>();
     fence_acc(acc);
   }
+  wgmma_wait<0>();  // the accumulators are final
+  fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
 }
