@@ -594,7 +594,9 @@ Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx
 
 void register_fused_moe_sm90_grouped(Registry& r) {
   r.add({"fused_moe_sm90_grouped", OpKind::fused_moe, MoeVariant::unquantized, Backend::cuda,
-         "x/w bf16|f16, HGMMA m64n256k16 (BM 128) / HMMA m16n8k16 (BM 64) f32 accumulate, a rounded to x dtype, f32 sum over k", 100,
+         "x/w bf16|f16, HGMMA m64n256k16 (BM 128) / HMMA m16n8k16 (BM 64) f32 accumulate, "
+         "a rounded to x dtype, f32 sum over k",
+         100,
          erase_supports<FusedMoeParams, fused_moe_sm90_grouped_supports>,
          erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_workspace_bytes>,
          erase_run<FusedMoeParams, fused_moe_sm90_grouped_run>});
