@@ -17,6 +17,7 @@
 
 #include "fused_moe_test_util.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -347,6 +348,28 @@ TEST(FusedMoeSm90Grouped, AllTokensToOneExpert128RowMTiles) {
   expect_matches_ref(prob);
 }
 
+// The wgmma mainloop (BM = 128, fused_moe_sm90_grouped_wgmma.cuh) in f16, g1u1 and g1u0, with a
+// partial last N tile in both GEMMs (I = 320: gemm1 N tile 2 holds 64 of 128 columns; H = 192).
+TEST(FusedMoeSm90Grouped, F16With128RowMTiles) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(400 * 2, 6) == 128, "covers the BM = 128 tiles");
+  for (bool g1u1 : {true, false}) {
+    MoeProblemOptions o;
+    o.g1u1 = g1u1;
+    MoeProblem prob = make(small_shape(Scheme::f16, 400, 6, 2, 192, 320), o);
+    expect_matches_ref(prob);
+  }
+}
+
+// BM = 128 with K loops longer than the 4-stage pipeline (gemm1 K = H = 1024: 16 slices, every
+// stage slot reused 4 times; gemm2 K = I = 256) and several N tiles in both GEMMs.
+TEST(FusedMoeSm90Grouped, LongKLoops128RowMTiles) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(200 * 2, 3) == 128, "covers the BM = 128 tiles");
+  MoeProblem prob = make(small_shape(Scheme::bf16, 200, 3, 2, 1024, 256));
+  expect_matches_ref(prob);
+}
+
 TEST(FusedMoeSm90Grouped, ManyTokensManyTilesPerExpert) {
   REQUIRE_CUDA();
   for (uint64_t seed : {1, 2}) {
@@ -425,6 +448,35 @@ TEST(FusedMoeSm90Grouped, TileMSelectionByRowsPerExpert) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(4096 * 8, 256), 128);  // deepseek-v3 T=4096
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(512 * 2, 8), 128);     // mixtral T=512
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(100, 0), 128);         // Eg = 0 guarded
+}
+
+TEST(FusedMoeSm90Grouped, WgmmaSelectionRule) {
+  // Pure host rule: wgmma for the 128-row M tiles (unless built with MOEKIT_GROUPED_WGMMA=0),
+  // mma.sync for the 64-row ones.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_uses_wgmma(128), MOEKIT_GROUPED_WGMMA != 0);
+  EXPECT_FALSE(cuda::fused_moe_sm90_grouped_uses_wgmma(64));
+}
+
+TEST(FusedMoeSm90Grouped, WgmmaDescriptorFields) {
+  // Hand-computed: start = addr >> 4 (bits 0-13), leading byte offset 16 B -> 1 (bits 16-29),
+  // stride byte offset 1024 B -> 64 (bits 32-45), base offset 0 (bits 49-51), 128B swizzle = 1
+  // (bits 62-63).
+  using cuda::grouped::wgmma_desc_sw128;
+  EXPECT_EQ(wgmma_desc_sw128(0), 0x4000004000010000ull);
+  EXPECT_EQ(wgmma_desc_sw128(0x400), 0x4000004000010040ull);
+  EXPECT_EQ(wgmma_desc_sw128(0x30400), 0x4000004000013040ull);  // 197 632: the top of a 193 KiB smem
+  // A k16 step (+32 bytes) adds 2 to the start field only, as the mainloop assumes.
+  EXPECT_EQ(wgmma_desc_sw128(0x400 + 32), wgmma_desc_sw128(0x400) + 2);
+  EXPECT_EQ(wgmma_desc_sw128(0x400 + 96), wgmma_desc_sw128(0x400) + 6);
+  // Field by field for an arbitrary aligned address.
+  const uint64_t d = wgmma_desc_sw128(0x1C400);
+  EXPECT_EQ(d & 0x3FFFu, 0x1C400u >> 4);
+  EXPECT_EQ((d >> 16) & 0x3FFFu, 1u);
+  EXPECT_EQ((d >> 32) & 0x3FFFu, 64u);
+  EXPECT_EQ((d >> 49) & 0x7u, 0u);
+  EXPECT_EQ(d >> 62, 1u);
+  // Bits above the 18-bit shared window are dropped (the field holds addr[17:4]).
+  EXPECT_EQ(wgmma_desc_sw128(0x40000 + 0x400), wgmma_desc_sw128(0x400));
 }
 
 TEST(FusedMoeSm90Grouped, AcceptsSupportedProblem) {

@@ -1,8 +1,10 @@
 // fused_moe_sm90_grouped (see fused_moe_sm90_grouped.h): routing into expert-contiguous rows, the
-// two grouped GEMMs on HMMA tensor cores (mainloop in fused_moe_sm90_grouped_mma.cuh) and the
-// per-token reduction over k. SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics;
-// the integer atomics of the routing kernel only order rows inside an expert, which changes no
-// value: every row is computed independently and the sum over k runs per token in slot order).
+// two grouped GEMMs on tensor cores (mainloops: wgmma / HGMMA for 128-row M tiles in
+// fused_moe_sm90_grouped_wgmma.cuh, mma.sync / HMMA for 64-row ones and as the fallback in
+// fused_moe_sm90_grouped_mma.cuh; Mainloop<BM> below picks) and the per-token reduction over k.
+// SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics; the integer atomics of the
+// routing kernel only order rows inside an expert, which changes no value: every row is computed
+// independently and the sum over k runs per token in slot order).
 // Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 
@@ -12,10 +14,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
 
 namespace moekit::cuda {
 namespace grouped {
@@ -93,6 +97,22 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 }
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }
+
+// ---------------------------------------------------------------- mainloop choice per M tile
+// The wgmma mainloop (fused_moe_sm90_grouped_wgmma.cuh) serves BM = 128 when
+// fused_moe_sm90_grouped_uses_wgmma says so (the header); mma.sync serves the rest. Mainloop<BM>
+// gives the accumulator type and the fragment geometry the epilogues index: kMT m16 tiles x kNT n8
+// column blocks per warp.
+template <int BM>
+struct Mainloop {
+  static constexpr bool kWgmma = fused_moe_sm90_grouped_uses_wgmma(BM);
+  static constexpr int kMT = kWgmma ? 1 : 4;
+  static constexpr int kNT = kWgmma ? kWgNT : Tile<BM>::kNT;
+  using AccT = std::conditional_t<kWgmma, AccW, Acc<Tile<BM>::kNT>>;
+  // Dynamic shared memory: the stages, + slack to align them to the 1024-byte swizzle atom.
+  static constexpr int kSmemBytes = Tile<BM>::kSmemBytes + (kWgmma ? int(kSw128AtomBytes) : 0);
+  static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+};
 
 // ---------------------------------------------------------------- 1. routing
 struct RouteArgs {
@@ -241,6 +261,7 @@ struct Gemm1Args {
 template <class TT, int BM, bool G1U1, Activation A>
 __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   using Tl = Tile<BM>;
+  using ML = Mainloop<BM>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_entry[BM];
   __shared__ float s_win[BM];
@@ -284,35 +305,44 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
     src.b_ok |= uint32_t(32 * m < p.I - i0) << i;
   }
   constexpr int kGW = Tl::kWarpCols / 2;  // g1u1: gate (and up) columns per warp
-  Acc<Tl::kNT> acc;
-  mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
-                                                      row_end - row0, acc);
+  typename ML::AccT acc;
+  if constexpr (ML::kWgmma) {
+    mainloop_wgmma<TT>(align_smem_1024(smem_raw), src, p.H, acc);
+  } else {
+    mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
+                                                        row_end - row0, acc);
+  }
 
-  // NOTE: I % 64 == 0 (supports) and a warp's columns lie in one 64-aligned block, so they are all
-  // valid or all past I: one check per warp, and the stores below use immediate offsets.
-  const int ic = i0 + wn * (G1U1 ? kGW : Tl::kWarpCols);  // the warp's first column of a
+  // mma.sync: a warp's columns lie in one 64-aligned block and I % 64 == 0 (supports), so they are
+  // all valid or all past I: one check per warp, and the stores below use immediate offsets.
+  // wgmma: a warp holds all columns of the N tile (from i0); n8 block j is valid iff 8 j < I - i0.
+  const int ic = ML::kWgmma ? i0 : i0 + wn * (G1U1 ? kGW : Tl::kWarpCols);  // the warp's first column of a
   if (ic >= p.I) return;
+  const int ncols = p.I - ic;
+  const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;  // the warp's first row in the tile
   TT* out = static_cast<TT*>(p.a) + ic + 2 * (lane & 3);
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+  for (int mi = 0; mi < ML::kMT; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int rl = wm * kWarpRows + mi * 16 + (lane >> 2) + 8 * h;
+      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
       if (row0 + rl >= row_end) continue;
       const float w = s_win[rl];
       TT* orow = out + int64_t(row0 + rl) * p.I;
       if constexpr (G1U1) {
 #pragma unroll
-        for (int j = 0; j < Tl::kNT / 2; ++j) {
+        for (int j = 0; j < ML::kNT / 2; ++j) {
+          if (ML::kWgmma && 8 * j >= ncols) continue;
           const float* g = &acc.v[mi][j][2 * h];
-          const float* u = &acc.v[mi][j + Tl::kNT / 2][2 * h];
+          const float* u = &acc.v[mi][j + ML::kNT / 2][2 * h];
           const float a0 = act<A>(g[0] * w) * (u[0] * w);
           const float a1 = act<A>(g[1] * w) * (u[1] * w);
           *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(a0, a1);
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < Tl::kNT; ++j) {
+        for (int j = 0; j < ML::kNT; ++j) {
+          if (ML::kWgmma && 8 * j >= ncols) continue;
           const float* g = &acc.v[mi][j][2 * h];
           *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
         }
@@ -335,6 +365,7 @@ struct Gemm2Args {
 template <class TT, int BM>
 __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
   using Tl = Tile<BM>;
+  using ML = Mainloop<BM>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
@@ -360,22 +391,30 @@ __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
   src.b_ok = 0;
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
-  Acc<Tl::kNT> acc;
-  mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
+  typename ML::AccT acc;
+  if constexpr (ML::kWgmma) {
+    mainloop_wgmma<TT>(align_smem_1024(smem_raw), src, p.I, acc);
+  } else {
+    mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
+  }
 
-  // NOTE: H % 64 == 0 (supports): the warp's columns are all valid or all past H (see gemm1).
-  const int hc = h0 + wn * Tl::kWarpCols;
+  // NOTE: H % 64 == 0 (supports): the warp's columns are all valid or all past H (mma.sync), or
+  // n8 block j is valid iff 8 j < H - h0 (wgmma); see gemm1.
+  const int hc = ML::kWgmma ? h0 : h0 + wn * Tl::kWarpCols;
   if (hc >= p.H) return;
+  const int ncols = p.H - hc;
+  const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;
   float* y = p.y + hc + 2 * (lane & 3);
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+  for (int mi = 0; mi < ML::kMT; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int rl = wm * kWarpRows + mi * 16 + (lane >> 2) + 8 * h;
+      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
       if (row0 + rl >= row_end) continue;
       float* yrow = y + int64_t(row0 + rl) * p.H;
 #pragma unroll
-      for (int j = 0; j < Tl::kNT; ++j) {
+      for (int j = 0; j < ML::kNT; ++j) {
+        if (ML::kWgmma && 8 * j >= ncols) continue;
         *reinterpret_cast<float2*>(yrow + j * 8) = make_float2(acc.v[mi][j][2 * h], acc.v[mi][j][2 * h + 1]);
       }
     }
@@ -437,7 +476,7 @@ Status launch_gemm1(Activation act_kind, dim3 grid, cudaStream_t s, const Gemm1A
     return gemm1_kernel<TT, BM, G1U1, Activation::silu>;
   };
   auto* fn = pick();
-  constexpr int kSmem = Tile<BM>::kSmemBytes;
+  constexpr int kSmem = Mainloop<BM>::kSmemBytes;
   MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                                     "fused_moe_sm90_grouped gemm1: cudaFuncSetAttribute"));
   fn<<<grid, kThreads, kSmem, s>>>(args);
@@ -455,7 +494,7 @@ Status launch_gemms(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Arg
   } else {
     MOEKIT_RETURN_IF_ERROR((launch_gemm1<TT, BM, false>(p.activation, grid1, s, g1)));
   }
-  constexpr int kSmem = Tile<BM>::kSmemBytes;
+  constexpr int kSmem = Mainloop<BM>::kSmemBytes;
   const dim3 grid2(tiles, unsigned(ceil_div(d.H, kBN)));
   MOEKIT_RETURN_IF_ERROR(check_cuda(
       cudaFuncSetAttribute(gemm2_kernel<TT, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
@@ -555,7 +594,9 @@ Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx
 
 void register_fused_moe_sm90_grouped(Registry& r) {
   r.add({"fused_moe_sm90_grouped", OpKind::fused_moe, MoeVariant::unquantized, Backend::cuda,
-         "x/w bf16|f16, HMMA m16n8k16 f32 accumulate, a rounded to x dtype, f32 sum over k", 100,
+         "x/w bf16|f16, HGMMA m64n256k16 (BM 128) / HMMA m16n8k16 (BM 64) f32 accumulate, "
+         "a rounded to x dtype, f32 sum over k",
+         100,
          erase_supports<FusedMoeParams, fused_moe_sm90_grouped_supports>,
          erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_workspace_bytes>,
          erase_run<FusedMoeParams, fused_moe_sm90_grouped_run>});

@@ -10,7 +10,9 @@
 //      x's dtype -> workspace.
 //   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace.
 // M tiles are BM = 64 or 128 rows of one expert (fused_moe_sm90_grouped_tile_m), N tiles 256; a
-// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices.
+// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices. 128-row
+// tiles run on wgmma (HGMMA m64n256k16, two warpgroups), 64-row ones on mma.sync (HMMA m16n8k16);
+// see fused_moe_sm90_grouped_uses_wgmma.
 //   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // Deterministic by default (by construction): every row is computed independently with a fixed K
 // order and the sum over k is done per token in slot order; no float atomics anywhere.
@@ -42,6 +44,14 @@ Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx
 constexpr int fused_moe_sm90_grouped_tile_m(int64_t tk, int64_t num_global_experts) {
   return tk >= 64 * (num_global_experts > 1 ? num_global_experts : 1) ? 128 : 64;
 }
+
+// Whether the M tiles of BM rows run the wgmma (HGMMA m64n256k16) mainloop instead of mma.sync:
+// BM = 128 only (two warpgroups of 64 rows), unless built with -DMOEKIT_GROUPED_WGMMA=0 (then
+// mma.sync everywhere, the fallback). Pure (host and tests).
+#ifndef MOEKIT_GROUPED_WGMMA
+#define MOEKIT_GROUPED_WGMMA 1
+#endif
+constexpr bool fused_moe_sm90_grouped_uses_wgmma(int tile_m) { return MOEKIT_GROUPED_WGMMA != 0 && tile_m == 128; }
 
 // Adds the registry row (priority 100, variant unquantized).
 void register_fused_moe_sm90_grouped(Registry& r);

@@ -1,0 +1,176 @@
+// The wgmma mainloop of fused_moe_sm90_grouped (SPEC 3.1), the BM = 128 alternative to the
+// mma.sync mainloop of fused_moe_sm90_grouped_mma.cuh: one 128 x 256 output tile of C = A . B^T with
+// A [rows, K] and B [N, K] both K-contiguous bf16 / f16, f32 accumulation.
+//
+// Two consumer warpgroups (the 256 threads of the CTA); warpgroup g multiplies A rows 64 g .. 64 g
+// + 63 by all 256 B rows with wgmma.mma_async m64n256k16 (HGMMA), A and B read from shared memory
+// through matrix descriptors (fused_moe_sm90_grouped_desc.h). The shared tiles are the ones the
+// mma.sync path uses (same loader, same 4-stage cp.async pipeline): rows of 128 bytes whose
+// 16-byte chunks are XOR-swizzled by (row & 7) -- exactly the 128-byte swizzle layout of wgmma once
+// every stage starts on a 1024-byte boundary (the caller aligns `smem`).
+// Per 64-wide K slice kt: wait for its cp.async group, fence.proxy.async (the tensor cores read
+// through the async proxy what cp.async wrote through the generic one), barrier; issue the 4 k16
+// wgmma, commit; refill, while they run, the slot of slice kt - 1 - F with slice kt + D
+// (D = kStages - 1 - F); wait until at most F = kWgmmaInFlight wgmma groups are pending. The slot
+// is free because every warpgroup waited for its wgmma of kt - 1 - F before the barrier.
+// NOTE: F = 1 (default) keeps the tensor pipe fed across the barrier (no drain per slice) at the
+// price of a prefetch distance of 2 slices instead of 3; F = 0 is the other trade.
+// Accumulators (PTX ISA, wgmma .m64nNk16 D fragment): warp w of the CTA (w = 4 g + warp in group)
+// owns rows 16 w .. 16 w + 15; d[j][q] of lane l is row 16 w + (l >> 2) + 8 (q >> 1), column
+// 8 j + 2 (l & 3) + (q & 1), j < 32. That is the m16n8 layout of mma.sync with one m16 tile per
+// warp, so AccW has the shape v[1][32][4] that the epilogues index like Acc<NT>.
+// Resources: 128 f32 accumulators per thread; 1 CTA (8 warps) per SM; shared memory
+// Tile<128>::kSmemBytes + 1024 (alignment slack).
+// Requirements: K % 64 == 0, every source row 16-byte aligned, `smem` 1024-byte aligned.
+// Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped: every BM = 128 case).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
+
+namespace moekit::cuda::grouped {
+
+constexpr int kWgN = 256;                 // columns per wgmma (m64n256k16)
+constexpr int kWgNT = kWgN / 8;           // n8 column blocks per thread: 32
+// wgmma groups (one per K slice) left pending at the end of each slice: 0 or 1 (see the top).
+#ifndef MOEKIT_GROUPED_WGMMA_IN_FLIGHT
+#define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 1
+#endif
+constexpr int kWgmmaInFlight = MOEKIT_GROUPED_WGMMA_IN_FLIGHT;
+static_assert(kWgmmaInFlight == 0 || kWgmmaInFlight == 1, "0 or 1 wgmma groups in flight");
+constexpr int kWgPrefetch = kStages - 1 - kWgmmaInFlight;  // K slices loaded ahead: 2 or 3
+
+// Accumulators of one thread for the wgmma path (see the top for the (row, col) mapping).
+struct AccW {
+  float v[1][kWgNT][4];
+};
+
+// The first byte at or after p (shared memory) on a 1024-byte boundary: where the stages start.
+__device__ __forceinline__ void* align_smem_1024(unsigned char* p) {
+  const uint32_t a = smem_addr(p);
+  return p + ((kSw128AtomBytes - a % kSw128AtomBytes) % kSw128AtomBytes);
+}
+
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across wgmma fences / waits.
+__device__ __forceinline__ void fence_acc(AccW& acc) {
+#pragma unroll
+  for (int j = 0; j < kWgNT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(acc.v[0][j][q])::"memory");
+}
+
+#define MOEKIT_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define MOEKIT_WG_REGS \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define MOEKIT_WG_OPERANDS \
+  MOEKIT_WG_D4(0), MOEKIT_WG_D4(1), MOEKIT_WG_D4(2), MOEKIT_WG_D4(3), \
+  MOEKIT_WG_D4(4), MOEKIT_WG_D4(5), MOEKIT_WG_D4(6), MOEKIT_WG_D4(7), \
+  MOEKIT_WG_D4(8), MOEKIT_WG_D4(9), MOEKIT_WG_D4(10), MOEKIT_WG_D4(11), \
+  MOEKIT_WG_D4(12), MOEKIT_WG_D4(13), MOEKIT_WG_D4(14), MOEKIT_WG_D4(15), \
+  MOEKIT_WG_D4(16), MOEKIT_WG_D4(17), MOEKIT_WG_D4(18), MOEKIT_WG_D4(19), \
+  MOEKIT_WG_D4(20), MOEKIT_WG_D4(21), MOEKIT_WG_D4(22), MOEKIT_WG_D4(23), \
+  MOEKIT_WG_D4(24), MOEKIT_WG_D4(25), MOEKIT_WG_D4(26), MOEKIT_WG_D4(27), \
+  MOEKIT_WG_D4(28), MOEKIT_WG_D4(29), MOEKIT_WG_D4(30), MOEKIT_WG_D4(31)
+
+// D += A . B^T for one k16 step: A 64 x 16 and B 256 x 16 (K-major, descriptors da / db).
+template <class TT>
+struct WgmmaOp;
+template <>
+struct WgmmaOp<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[kWgNT][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOEKIT_WG_REGS
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : MOEKIT_WG_OPERANDS
+        : "l"(da), "l"(db), "r"(1));
+  }
+};
+template <>
+struct WgmmaOp<__half> {
+  __device__ __forceinline__ static void run(float (&d)[kWgNT][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOEKIT_WG_REGS
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : MOEKIT_WG_OPERANDS
+        : "l"(da), "l"(db), "r"(1));
+  }
+};
+#undef MOEKIT_WG_OPERANDS
+#undef MOEKIT_WG_REGS
+#undef MOEKIT_WG_D4
+
+// acc = A . B^T over K (K % 64 == 0) for the 128 x 256 tile; `smem` (1024-byte aligned) holds
+// Tile<128>::kSmemBytes. Ends with every cp.async and wgmma drained and a barrier.
+template <class TT>
+__device__ __forceinline__ void mainloop_wgmma(void* smem, const TileSources<TT, 128>& src, int K, AccW& acc) {
+  using Tl = Tile<128>;
+  constexpr uint32_t kStageBytes = Tl::kStageElems * 2;
+  constexpr uint32_t kABytes = Tl::kBM * kBK * 2;
+  static_assert(kStageBytes % kSw128AtomBytes == 0 && kABytes % kSw128AtomBytes == 0,
+                "every A / B tile starts on a swizzle-atom boundary");
+  static_assert(kThreads == 256 && Tl::kBM == 2 * 64, "two warpgroups of 64 rows");
+  const int tid = threadIdx.x;
+  const uint32_t s0 = smem_addr(smem);
+  const uint32_t a_off = uint32_t(tid >> 7) * 64 * kBK * 2;  // this warpgroup's 64 A rows
+#pragma unroll
+  for (int j = 0; j < kWgNT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
+
+  const int KT = K / kBK;
+#pragma unroll
+  for (int s = 0; s < kWgPrefetch; ++s) {
+    if (s < KT) load_stage<TT, 128>(s0 + s * kStageBytes, src, s * kBK, tid);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kWgPrefetch - 1>();  // this thread's copies of slice kt landed
+    fence_proxy_async_smem();
+    __syncthreads();  // everyone's copies landed; every wgmma of slice kt - 1 - F completed
+    const uint32_t st = s0 + uint32_t(kt % kStages) * kStageBytes;
+    const uint64_t da = wgmma_desc_sw128(st + a_off);
+    const uint64_t db = wgmma_desc_sw128(st + kABytes);
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      // +32 bytes per k16 step = +2 in the start-address field (bits 0-13, no carry out: < 2^18 B).
+      WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
+    }
+    wgmma_commit();
+    const int pf = kt + kWgPrefetch;  // into slot (kt - 1 - F) % kStages: see the top
+    if (pf < KT) load_stage<TT, 128>(s0 + uint32_t(pf % kStages) * kStageBytes, src, pf * kBK, tid);
+    cp_async_commit();
+    wgmma_wait<kWgmmaInFlight>();
+    fence_acc(acc);
+  }
+  wgmma_wait<0>();  // the accumulators are final
+  fence_acc(acc);
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+}  // namespace moekit::cuda::grouped
