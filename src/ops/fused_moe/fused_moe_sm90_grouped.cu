@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
@@ -26,6 +27,7 @@ namespace grouped {
 namespace {
 
 constexpr int kRouteThreads = 1024;  // one block; also the largest E (one expert per thread in scans)
+static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_1024");
 constexpr int kMaxE = kRouteThreads;
 constexpr int kMaxK = 32;
 constexpr int kReduceThreads = 256;
@@ -129,33 +131,6 @@ struct RouteArgs {
   int bm;                   // M tile rows (64 or 128)
 };
 
-// Exclusive prefix sum over the kRouteThreads threads of the block (all must call it).
-__device__ int block_exclusive_scan(int v, int* s_warp) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
-  }
-  if (lane == 31) s_warp[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    const int w = s_warp[lane];
-    int winc = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, winc, o);
-      if (lane >= o) winc += n;
-    }
-    s_warp[lane] = winc - w;
-  }
-  __syncthreads();
-  const int res = inc - v + s_warp[warp];
-  __syncthreads();  // s_warp may be reused by the next call
-  return res;
-}
-
 __device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
   if (id < 0 || id >= a.Eg) return -1;  // -1 (unused slot) or a bad id: skipped, never indexed
   const int e = a.local[id];
@@ -167,7 +142,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   __shared__ int s_cursor[kMaxE];
   __shared__ int s_off[kMaxE + 1];
   __shared__ int s_toff[kMaxE + 1];
-  __shared__ int s_warp[32];
   const int tid = threadIdx.x;
 
   // Global -> local table. Mask: local id = number of set entries before g (a set entry beyond E is
@@ -177,7 +151,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
     const int beg = min(a.Eg, tid * chunk), end = min(a.Eg, beg + chunk);
     int ones = 0;
     for (int g = beg; g < end; ++g) ones += a.mask[g] != 0;
-    int next = block_exclusive_scan(ones, s_warp);
+    int next = block_exclusive_sum_1024(ones);
     for (int g = beg; g < end; ++g) {
       if (a.mask[g] != 0) {
         a.local[g] = next < a.E ? next : -1;
@@ -206,8 +180,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 
   const int cnt = tid < a.E ? s_cnt[tid] : 0;
   const int tiles = (cnt + a.bm - 1) / a.bm;
-  const int off = block_exclusive_scan(cnt, s_warp);
-  const int toff = block_exclusive_scan(tiles, s_warp);
+  const int off = block_exclusive_sum_1024(cnt);
+  const int toff = block_exclusive_sum_1024(tiles);
   if (tid < a.E) {
     s_off[tid] = off;
     s_toff[tid] = toff;

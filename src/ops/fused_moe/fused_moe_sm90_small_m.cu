@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
 
 namespace moekit::cuda {
@@ -41,6 +42,7 @@ namespace {
 constexpr int kWarps = 8;                      // warps per CTA of stages 1 and 2
 constexpr int kThreads = kWarps * 32;
 constexpr int kRouteThreads = 1024;            // the single routing CTA
+static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_1024");
 constexpr int kMaxExperts = kRouteThreads;     // local experts (one scan chunk)
 constexpr int kUnroll = 4;                     // 16-byte loads in flight per weight row and lane
 constexpr int kRows1 = kWarps;                 // intermediate rows i per stage-1 CTA (1 per warp)
@@ -242,35 +244,8 @@ struct Args {
 };
 
 // ---------------------------------------------------------------- stage 0: routing tables
-// Inclusive scan of v over the block (blockDim.x == kRouteThreads); *total gets the block sum.
-__device__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
-  if (lane == 31) warp_sums[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int s = warp_sums[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += n;
-    }
-    warp_sums[lane] = s;
-  }
-  __syncthreads();
-  const int r = v + (warp > 0 ? warp_sums[warp - 1] : 0);
-  *total = warp_sums[31];
-  __syncthreads();  // warp_sums may be reused by the next scan
-  return r;
-}
-
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const Args p) {
   __shared__ int cursor[kMaxExperts];
-  __shared__ int warp_sums[32];
   wait_for_predecessor();  // ids / mask / map come from earlier work; the tables are reused
   const Tables& tb = p.tb;
   const int tid = threadIdx.x;
@@ -282,7 +257,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const Args p) {
     if (p.mask != nullptr) {
       const int on = g < p.Eg && p.mask[g] != 0;
       int total = 0;
-      const int local = carry + block_inclusive_scan(on, warp_sums, &total) - 1;
+      const int local = carry + block_inclusive_sum_1024(on, &total) - 1;
       if (g < p.Eg) tb.local[g] = on && local < p.E ? local : -1;
       carry += total;
     } else if (g < p.Eg) {
@@ -303,8 +278,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const Args p) {
   // Offsets (exclusive scan of the counts) and the ascending list of touched experts.
   const int c = tid < p.E ? cursor[tid] : 0;
   int total_slots = 0, total_active = 0;
-  const int off = block_inclusive_scan(c, warp_sums, &total_slots) - c;
-  const int rank = block_inclusive_scan(c > 0, warp_sums, &total_active) - 1;
+  const int off = block_inclusive_sum_1024(c, &total_slots) - c;
+  const int rank = block_inclusive_sum_1024(c > 0, &total_active) - 1;
   if (tid < p.E) {
     tb.counts[tid] = c;
     tb.offsets[tid] = off;

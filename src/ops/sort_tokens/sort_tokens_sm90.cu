@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
 #include "moekit/ops/sorting.h"
 
@@ -34,6 +35,7 @@ constexpr int kWarp = 32;
 constexpr int kMaxLocalExperts = 1024;
 constexpr int kWarpsPerBlock = 4;     // histogram / scatter CTAs: 4 chunks each
 constexpr int kScanThreads = 1024;    // local_table / scan: one CTA, thread per expert
+static_assert(kScanThreads == 1024, "the scans use block_inclusive_sum_1024");
 constexpr int kMinSteps = 16;         // steps of 32 entries per chunk, at least
 constexpr int64_t kMaxChunks = 1024;  // bounds the counts table (and the scan's serial walk)
 constexpr size_t kAlign = 256;
@@ -98,33 +100,6 @@ struct Args {
   int32_t* total;   // [E]
 };
 
-// Inclusive block-wide sum scan over kScanThreads threads; *block_total gets the sum.
-__device__ int block_inclusive_scan(int v, int* block_total) {
-  __shared__ int s_warp[kScanThreads / kWarp];
-  const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
-#pragma unroll
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
-  if (lane == kWarp - 1) s_warp[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int w = s_warp[lane];  // kScanThreads / kWarp == 32 warp sums
-#pragma unroll
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += n;
-    }
-    s_warp[lane] = w;
-  }
-  __syncthreads();
-  if (warp > 0) v += s_warp[warp - 1];
-  *block_total = s_warp[kScanThreads / kWarp - 1];
-  __syncthreads();  // s_warp is reused by the next call
-  return v;
-}
-
 __global__ void __launch_bounds__(kScanThreads) local_table_kernel(const Args a) {
   if (threadIdx.x == 0) *a.err = 0;
   int carry = 0;  // kept experts before this tile (mask form)
@@ -135,7 +110,7 @@ __global__ void __launch_bounds__(kScanThreads) local_table_kernel(const Args a)
     if (a.mask) {
       const int kept = in && a.mask[g] != 0 ? 1 : 0;
       int tile_total = 0;
-      const int incl = block_inclusive_scan(kept, &tile_total);
+      const int incl = block_inclusive_sum_1024(kept, &tile_total);
       if (kept) local = carry + incl - 1;
       carry += tile_total;
     } else if (a.map) {
@@ -194,7 +169,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const Args a) {
   }
   const int padded = int((int64_t(total) + a.block_m - 1) / a.block_m * a.block_m);
   int num_valid = 0;
-  const int start = block_inclusive_scan(padded, &num_valid) - padded;
+  const int start = block_inclusive_sum_1024(padded, &num_valid) - padded;
   if (e < a.E) {
     a.start[e] = start;
     a.total[e] = total;
