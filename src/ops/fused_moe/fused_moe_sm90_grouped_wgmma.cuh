@@ -38,8 +38,11 @@ namespace moekit::cuda::grouped {
 constexpr int kWgN = 256;                 // columns per wgmma (m64n256k16)
 constexpr int kWgNT = kWgN / 8;           // n8 column blocks per thread: 32
 // wgmma groups (one per K slice) left pending at the end of each slice: 0 or 1 (see the top).
+// NOTE: 0 (drain each slice, load 3 slices ahead) measured faster on the H200 than 1 (one group in
+// flight, 2 slices ahead), interleaved runs of the same build otherwise: Mixtral T=512 1071 vs
+// 1119 us, Qwen3 T=4096 969 vs 1013 us, Mixtral T=4096 equal (docs/PERF.md).
 #ifndef MOEKIT_GROUPED_WGMMA_IN_FLIGHT
-#define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 1
+#define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 0
 #endif
 constexpr int kWgmmaInFlight = MOEKIT_GROUPED_WGMMA_IN_FLIGHT;
 static_assert(kWgmmaInFlight == 0 || kWgmmaInFlight == 1, "0 or 1 wgmma groups in flight");
