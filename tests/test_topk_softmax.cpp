@@ -443,32 +443,6 @@ TEST(TopkSoftmax, BenchProblemRuns) {
 // Skipped without a CUDA device. The kernel is compared with topk_softmax_ref: ids and
 // token_expert_indices exactly, weights within kWeightAtol / kWeightRtol.
 
-// Top-k sizes for the random CUDA shapes: 1, 8, 32 and Eg itself (small Eg), capped at Eg.
-std::vector<int> cuda_ks(int64_t Eg) {
-  std::vector<int> ks;
-  for (int64_t k : {int64_t(1), int64_t(8), int64_t(32), Eg <= 64 ? Eg : int64_t(1)}) {
-    const int kk = int(std::min(k, Eg));
-    if (std::find(ks.begin(), ks.end(), kk) == ks.end()) ks.push_back(kk);
-  }
-  return ks;
-}
-
-// Eg in {1, 6, 8, 60, 128, 256, 257, 512} x the k above x T in {0, 1, 7, 4096} (4096 only for k <= 8,
-// to keep the ref's O(k^2 Eg) selection fast), bf16 and f32, certified random logits.
-void expect_cuda_random_shapes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&)) {
-  for (int64_t Eg : {1, 6, 8, 60, 128, 256, 257, 512}) {
-    for (int k : cuda_ks(Eg)) {
-      testing::CheckRequest req;
-      req.shape.experts = Eg;
-      req.shape.topk = k;
-      req.shape.seed = uint64_t(Eg * 1000 + k);
-      req.edge_cases = false;
-      req.tokens = k <= 8 ? std::vector<int64_t>{0, 1, 7, 4096} : std::vector<int64_t>{1, 7};
-      routing_test::expect_cuda_check_passes(check, req, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
-    }
-  }
-}
-
 // One problem on the CUDA kernel (mirrored to the device) and on the ref.
 void expect_cuda_matches_ref(const Buffer& gating, int k, bool renormalize, const std::string& what) {
   SCOPED_TRACE(what);
@@ -546,7 +520,7 @@ TEST(TopkSoftmax, CudaNonFiniteAndTiedRowsMatchRef) {
 TEST(TopkSoftmax, CudaRandomShapesMatchRef) {
   const std::string why = routing_test::cuda_unavailable();
   if (!why.empty()) GTEST_SKIP() << why;
-  expect_cuda_random_shapes(testing::check_topk_softmax);
+  routing_test::expect_cuda_random_shapes(testing::check_topk_softmax);
 }
 
 TEST(TopkSoftmax, CudaPresetsMatchRef) {
