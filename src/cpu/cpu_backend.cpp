@@ -1,5 +1,4 @@
-// CPU backend registration. The AVX-512 BF16 kernels arrive with their own issue; today the
-// backend only probes the machine so `moekit ops` can say whether it would be available.
+// CPU backend registration: the AVX-512 BF16 probe and the CPU kernel table.
 #include "cpu/cpu_backend.h"
 
 #include "cpu/cpu_features.h"
@@ -17,6 +16,11 @@ Status probe() {
 }
 }  // namespace
 
-void register_kernels(Registry& r) { r.set_backend_probe(Backend::cpu, probe); }
+void register_fused_moe_avx512(Registry& r);  // src/ops/fused_moe/fused_moe_avx512.cpp
+
+void register_kernels(Registry& r) {
+  r.set_backend_probe(Backend::cpu, probe);
+  register_fused_moe_avx512(r);
+}
 
 }  // namespace moekit::cpu

@@ -1,0 +1,163 @@
+// fused_moe_avx512_bf16 (the CPU backend's bf16 fused MoE) against the reference kernel, plus the
+// CPU thread pool. Skipped where the CPU lacks AVX-512 BF16.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "moekit/ops/fused_moe.h"
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+namespace moekit {
+namespace {
+
+using testing::MoeProblem;
+using testing::MoeShape;
+
+constexpr const char* kKernel = "fused_moe_avx512_bf16";
+
+std::string cpu_unavailable() {
+  const Status s = registry().backend_available(Backend::cpu);
+  return s.ok() ? "" : s.to_string();
+}
+
+// Runs kernel `name` on p (out poisoned first) and returns the output as doubles.
+std::vector<double> run(MoeProblem& p, const char* name) {
+  p.out.fill_bytes(0xFF);
+  RunOptions o;
+  o.kernel = name;
+  const Status s = fused_moe(p.params(), o);
+  EXPECT_TRUE(s.ok()) << name << ": " << s.to_string();
+  return testing::read_out(p.params().out);
+}
+
+void expect_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed, const std::string& what) {
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(s, o, seed, &p).ok()) << what;
+  const std::vector<double> want = run(p, "fused_moe_ref");
+  const std::vector<double> got = run(p, kKernel);
+  testing::Metrics m;
+  std::string detail;
+  EXPECT_TRUE(testing::judge_moe(got, want, s.T, s.H,
+                                 testing::moe_tolerance(MoeVariant::unquantized, DType::bf16,
+                                                        testing::MoeCompare::kernel_vs_ref),
+                                 &m, &detail))
+      << what << ": " << detail << " worst " << m.worst;
+}
+
+MoeShape shape(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I) {
+  MoeShape s;
+  s.T = T;
+  s.E = E;
+  s.k = k;
+  s.H = H;
+  s.I = I;
+  s.scheme = testing::Scheme::bf16;
+  return s;
+}
+
+TEST(FusedMoeAvx512, IsPickedByDefaultForBf16OnThisCpu) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(3, 8, 2, 64, 96), {}, 1, &p).ok());
+  const FusedMoeParams f = p.params();
+  const Kernel* k = nullptr;
+  ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::unquantized, &f, RunOptions{}, "t", &k).ok());
+  EXPECT_STREQ(k->name, kKernel);
+}
+
+TEST(FusedMoeAvx512, EdgeCasesMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  expect_matches_ref(shape(1, 8, 2, 64, 96), {}, 1, "T=1");
+  expect_matches_ref(shape(5, 1, 1, 32, 32), {}, 2, "E=1 k=1");
+  expect_matches_ref(shape(3, 6, 6, 64, 64), {}, 3, "k=E=6");
+  expect_matches_ref(shape(2, 13, 3, 96, 160), {}, 4, "E=13>T");
+  expect_matches_ref(shape(37, 8, 2, 128, 224), {}, 5, "T=37 (entry chunks of 4 with a tail)");
+  testing::MoeProblemOptions g1u0;
+  g1u0.g1u1 = false;
+  expect_matches_ref(shape(6, 8, 2, 64, 96), g1u0, 6, "g1u0");
+  testing::MoeProblemOptions pad;
+  pad.row_pad = 8;
+  expect_matches_ref(shape(6, 8, 2, 64, 96), pad, 7, "row-strided x/out");
+  testing::MoeProblemOptions mask;
+  mask.local_experts = 3;
+  mask.ep = testing::ExpertParallel::mask;
+  expect_matches_ref(shape(9, 8, 2, 64, 96), mask, 8, "expert_mask");
+  testing::MoeProblemOptions map = mask;
+  map.ep = testing::ExpertParallel::map;
+  expect_matches_ref(shape(9, 8, 2, 64, 96), map, 9, "expert_map");
+  for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
+    MoeShape s = shape(4, 8, 2, 64, 96);
+    s.activation = a;
+    expect_matches_ref(s, {}, 10, activation_name(a));
+  }
+  MoeShape woi = shape(5, 8, 1, 64, 96);
+  woi.weight_on_input = true;
+  expect_matches_ref(woi, {}, 11, "weight_on_input");
+}
+
+TEST(FusedMoeAvx512, RefusesWhatItCannotRun) {
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(2, 4, 2, 40, 64), {}, 1, &p).ok());
+  const Kernel* k = registry().find(kKernel);
+  ASSERT_NE(k, nullptr);
+  FusedMoeParams f = p.params();
+  Status s = k->supports(&f);
+  EXPECT_NE(s.message().find("multiples of 32, got H=40"), std::string::npos) << s.message();
+  MoeProblem q;
+  MoeShape f16 = shape(2, 4, 2, 64, 64);
+  f16.scheme = testing::Scheme::f16;
+  ASSERT_TRUE(testing::make_moe_problem(f16, {}, 1, &q).ok());
+  f = q.params();
+  s = k->supports(&f);
+  EXPECT_NE(s.message().find("x must be bf16, got f16"), std::string::npos) << s.message();
+}
+
+TEST(FusedMoeAvx512, DeterministicAcrossRuns) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(50, 16, 4, 128, 192), {}, 3, &p).ok());
+  run(p, kKernel);
+  const std::vector<unsigned char> first = p.out.bytes;
+  run(p, kKernel);
+  EXPECT_EQ(p.out.bytes, first);
+}
+
+TEST(FusedMoeAvx512, PresetsMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  for (const char* model : {"mixtral", "deepseek-v3", "qwen3-moe"}) {
+    testing::ShapeRequest req;
+    req.model = model;
+    req.scheme = testing::Scheme::bf16;
+    req.scheme_given = true;
+    for (int64_t T : {1, 16}) {
+      MoeShape s;
+      ASSERT_TRUE(testing::resolve_shape(req, T, &s).ok());
+      expect_matches_ref(s, {}, uint64_t(T), std::string(model) + " T=" + std::to_string(T));
+    }
+  }
+}
+
+TEST(CpuThreadPool, EveryItemOnceFixedPartition) {
+  for (int64_t n : {0, 1, 2, 3, 17, 1000}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    cpu::parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+    });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+  }
+  // A nested call runs serially inside the task instead of deadlocking.
+  std::atomic<int64_t> sum{0};
+  cpu::parallel_for(4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      cpu::parallel_for(3, [&](int64_t bb, int64_t ee) { sum += ee - bb; });
+    }
+  });
+  EXPECT_EQ(sum.load(), 12);
+  EXPECT_GE(cpu::num_threads(), 1);
+}
+
+}  // namespace
+}  // namespace moekit
