@@ -81,6 +81,11 @@ assert not missing, missing\"" needs-hooks)
 assert ok and {r['tokens'] for r in ok} == {1, 8}, d; \
 keys = {'op', 'kernel', 'backend', 'scheme', 'tokens', 'time_us', 'tflops', 'gbps', 'mem_floor_us', \
 'compute_floor_us', 'frac_floor'}; assert all(keys <= set(r) for r in d); assert all(r['time_us'] > 0 for r in ok)\"" needs-hooks)
+  # --compare ref: every ok row of the CPU fused_moe kernel also carries the reference's time.
+  moekit_cli_test(bench_compare_ref
+    "\"$0\" bench --op fused_moe --backend cpu --model qwen3-moe --tokens 1 --iters 2 --compare ref --json > cmp.json || exit 1; \
+\"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('cmp.json')); ok = [r for r in d if r['status'] == 'ok']; \
+assert ok, d; assert all(r['compare_kernel'] == 'fused_moe_ref' and r['compare_us'] > 0 and r['speedup'] > 0 for r in ok), d\"" needs-hooks)
   # --peak-gbps / --peak-gflops replace the measurement and set the floors exactly.
   moekit_cli_test(bench_peak_override
     "\"$0\" bench --op topk_softmax --backend ref --model mixtral --tokens 8 --iters 3 --peak-gbps 100 --peak-gflops 1000 --json > peak.json || exit 1; \

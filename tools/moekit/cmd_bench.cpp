@@ -52,6 +52,8 @@ struct Row {
   double baseline_us = NAN;     // cuda fused_moe rows: the unfused cuBLAS baseline
   std::string baseline_reason;  // why baseline_us is null (empty when it is not)
   std::string kernel_chosen;    // device rows: the kernel the op's own dispatch picks for the problem
+  std::string compare_kernel;   // --compare: the other backend's kernel timed on the same problem
+  double compare_us = NAN;
 };
 
 // Default number of timed graph replays of a device row (the peer's harness takes 30).
@@ -247,6 +249,10 @@ void print_row(const Row& r, bool with_baseline) {
       std::printf(kBaselineFormat, num("%.2f", r.baseline_us).c_str(), num("%.3f", vs_baseline(r)).c_str(),
                   r.kernel_chosen.empty() ? "-" : r.kernel_chosen.c_str());
     }
+    if (!r.compare_kernel.empty()) {
+      std::printf("  vs %s: %s us, speedup %s", r.compare_kernel.c_str(), num("%.2f", r.compare_us).c_str(),
+                  num("%.2f", r.compare_us / r.time_us).c_str());
+    }
     std::printf("\n");
     if (with_baseline && !r.baseline_reason.empty()) std::printf("  # baseline: %s\n", r.baseline_reason.c_str());
   }
@@ -268,7 +274,9 @@ nlohmann::json to_json(const Row& r) {
           {"compute_rate", r.floors.rate}, {"samples", r.samples}, {"batch", r.batch}, {"copies", r.copies},
           {"cache", r.cache}, {"baseline_us", ok ? or_null(r.baseline_us) : nullptr},
           {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason},
-          {"kernel_chosen", r.kernel_chosen}};
+          {"kernel_chosen", r.kernel_chosen}, {"compare_kernel", r.compare_kernel},
+          {"compare_us", ok ? or_null(r.compare_us) : nullptr},
+          {"speedup", ok ? or_null(r.compare_us / r.time_us) : nullptr}};
 }
 
 }  // namespace
@@ -287,6 +295,11 @@ int run_bench(const BenchArgs& a) {
   if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
   if (s.ok() && !a.peak_gbps.empty()) s = parse_positive("--peak-gbps", a.peak_gbps, &peak_gbps);
   if (s.ok() && !a.peak_gflops.empty()) s = parse_positive("--peak-gflops", a.peak_gflops, &peak_gflops);
+  Backend compare = Backend::ref;
+  const bool comparing = !a.compare.empty();
+  if (s.ok() && comparing && (!parse_backend(a.compare, &compare) || compare == Backend::cuda)) {
+    s = InvalidArgument("--compare: must be a host backend (ref or cpu), got '", a.compare, "'");
+  }
   if (s.ok() && ops.size() == 1 && testing::find_harness(ops[0]) != nullptr &&
       testing::find_harness(ops[0])->prepare_bench == nullptr) {
     std::string benchable;
@@ -381,6 +394,16 @@ int run_bench(const BenchArgs& a) {
               time_device(*h, br, *k, plan, &baselines, &r);
             } else {
               time_one(*h, br, *k, plan, &r);
+              // --compare: the first kernel of the other backend that computes the same problem.
+              for (const Kernel* c : comparing && r.status == "ok" && b != compare ? kernels_of(op, compare)
+                                                                                   : std::vector<const Kernel*>{}) {
+                if (c->variant != k->variant || (h->bench_applies != nullptr && !h->bench_applies(br, *c))) continue;
+                Row cr = r;
+                time_one(*h, br, *c, plan, &cr);
+                r.compare_kernel = c->name;
+                r.compare_us = cr.status == "ok" ? cr.time_us : NAN;
+                break;
+              }
             }
             ran += r.status == "ok";
             errors += r.status == "error";

@@ -57,6 +57,7 @@ struct BenchArgs {
   std::string warmup;           // --warmup N
   std::string peak_gbps;        // --peak-gbps X: overrides the measured memory bandwidth
   std::string peak_gflops;      // --peak-gflops Y: overrides the measured arithmetic rate
+  std::string compare;          // --compare BACKEND: also time that backend's kernel on each problem
   bool json = false;
 };
 

@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--peak-gflops", bench.peak_gflops,
       "Arithmetic rate for the floor, GFLOP/s (default: measured)")
       ->type_name("Y");
+  bench_cmd->add_option("--compare", bench.compare,
+                        "Also time the kernel of this backend (e.g. ref) on each problem: compare_us, speedup")
+      ->type_name("BACKEND");
   bench_cmd->add_flag("--json", bench.json, "Print a JSON array of rows instead of the table");
 
   try {
