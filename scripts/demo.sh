@@ -8,4 +8,4 @@ bash scripts/build.sh "$@"
 B=${BUILD_DIR:-build}
 "$B/moekit" ops
 "$B/moekit" check --op all --backend all
-"$B/moekit" bench --op fused_moe --backend cpu --model qwen3-moe --tokens 1,8,32 --scheme bf16 --compare ref
+"$B/moekit" bench --op fused_moe --backend all --model qwen3-moe --tokens 1,8,32 --scheme bf16 --compare ref
