@@ -14,9 +14,14 @@
 // fp8 e4m3fn weights are decoded on the fly, 16 codes at a time, never expanded in memory: the
 // byte is sign-extended to 32 bits and shifted left by 20, which puts the sign at bit 31 (the
 // copies at bits 30..27 are masked off) and the 4 exponent + 3 mantissa bits at the top of the f32
-// exponent / mantissa; the f32 with those bits is the code value times 2^-120, so one multiply by
-// 2^120 gives the value EXACTLY for every code incl. subnormals (the default MXCSR keeps
-// denormals). NaN codes (0x7F, 0xFF) decode to NaN, as in the reference.
+// exponent / mantissa; the f32 with those bits is the code value times 2^-120 EXACTLY for every
+// code incl. subnormals (those become f32 denormals, which the default MXCSR keeps). The 2^-120 is
+// undone once per dot product (x 2^120, exact) instead of once per 16 codes: a product of a decoded
+// weight (4 significant bits, >= 2^-129) and an fp8 activation value (>= 2^-9) needs 8 bits at
+// >= 2^-138, so it is exact even as a denormal. NaN codes (0x7F, 0xFF) decode to NaN, as in the
+// reference. Each weight row is software-prefetched kPrefetch bytes ahead into L2: with 1-byte
+// weights the out-of-order window covers half the bytes it covers for bf16, and the hardware
+// prefetchers alone left the one-token case short of the DRAM bandwidth.
 // Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
 // a fixed order. AVX-512 through target attributes: no special flags for this file.
 // Test: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8); `moekit check --backend cpu`.
@@ -38,6 +43,7 @@ namespace {
 
 constexpr int64_t kRowBlock = 16;  // output rows per task
 constexpr int kTok = 4;            // entries per register block
+constexpr int64_t kPrefetch = 2048;  // bytes ahead along a weight row (best of 0/1024/2048/4096 here)
 
 // Scratch carved from the workspace (64-byte aligned pieces).
 struct Scratch {
@@ -141,13 +147,13 @@ void group_entries(const FusedMoeParams& p, const MoeDims& d, Scratch* s) {
   }
 }
 
-// 16 fp8 e4m3fn codes at w -> their f32 values (see the file comment).
+// 16 fp8 e4m3fn codes at w -> their f32 values times 2^-120 (see the file comment).
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 decode16(const uint8_t* w) {
   // NOTE: the maskz forms with a full mask, not _mm512_cvtepi8_epi32 / _mm512_slli_epi32, whose
   // _mm512_undefined_epi32 trips a false -Wmaybe-uninitialized in GCC 12's headers.
   const __m512i v = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   const __m512i bits = _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
-  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+  return _mm512_castsi512_ps(bits);
 }
 
 // Sum of the 16 lanes in a fixed order. NOTE: not _mm512_reduce_add_ps, which trips a false
@@ -173,13 +179,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const 
   for (int64_t kk = 0; kk < K; kk += 16) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+      if ((kk & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + kk + kPrefetch), _MM_HINT_T1);
       const __m512 vw = decode16(w[r] + kk);
 #pragma GCC unroll 4
       for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_fmadd_ps(vw, _mm512_loadu_ps(v[q] + kk), acc[r][q]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < NT; ++q) dots[r][q] = hsum(acc[r][q]);
+    for (int q = 0; q < NT; ++q) dots[r][q] = hsum(acc[r][q]) * 0x1p120f;
   }
 }
 
