@@ -17,10 +17,12 @@ Status probe() {
 }  // namespace
 
 void register_fused_moe_avx512(Registry& r);  // src/ops/fused_moe/fused_moe_avx512.cpp
+void register_fused_moe_avx512_fp8(Registry& r);  // src/ops/fused_moe/fused_moe_avx512_fp8.cpp
 
 void register_kernels(Registry& r) {
   r.set_backend_probe(Backend::cpu, probe);
   register_fused_moe_avx512(r);
+  register_fused_moe_avx512_fp8(r);
 }
 
 }  // namespace moekit::cpu

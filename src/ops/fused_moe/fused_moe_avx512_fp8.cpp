@@ -1,0 +1,332 @@
+// fused_moe_avx512_fp8_row (+ _tkw1): the CPU backend's fp8 W8A8 per-row fused_moe (SPEC 3.2, 3.4).
+//
+// Same math as the reference run_row (fused_moe_ref_fp8.cpp), same staging as the bf16 kernel
+// (fused_moe_avx512.cpp):
+//   stage 0  (calling thread): group the (token, slot) entries by local expert, stable order;
+//            then (threads over tokens) x_t -> f32, s_t = max(amax, floor)/448 (or the static
+//            a1_scale), xq = fp8 code VALUES of x_t / s_t, into a [T, H] f32 scratch.
+//   stage 1  (threads over experts x blocks of 16 intermediate rows): g, u = (xq . w1q row) * s_t *
+//            row_scale (x w for weight_on_input), a = act(g) * u in f32 into [T*k, I].
+//   stage 1b (threads over slots): a re-quantized per (token, slot) row, in place, scale s_a.
+//   stage 2  (threads over experts x blocks of 16 hidden rows): y[slot, h] = (aq . w2q[e][h]) *
+//            s_a * row_scale.
+//   stage 3  (threads over tokens): out[t] = sum_j w_tj * y[t*k + j] in slot order, one rounding.
+// fp8 e4m3fn weights are decoded on the fly, 16 codes at a time, never expanded in memory: the
+// byte is sign-extended to 32 bits and shifted left by 20, which puts the sign at bit 31 (the
+// copies at bits 30..27 are masked off) and the 4 exponent + 3 mantissa bits at the top of the f32
+// exponent / mantissa; the f32 with those bits is the code value times 2^-120 EXACTLY for every
+// code incl. subnormals (those become f32 denormals, which the default MXCSR keeps). The 2^-120 is
+// undone once per dot product (x 2^120, exact) instead of once per 16 codes: a product of a decoded
+// weight (4 significant bits, >= 2^-129) and an fp8 activation value (>= 2^-9) needs 8 bits at
+// >= 2^-138, so it is exact even as a denormal. NaN codes (0x7F, 0xFF) decode to NaN, as in the
+// reference. Each weight row is software-prefetched kPrefetch bytes ahead into L2: with 1-byte
+// weights the out-of-order window covers half the bytes it covers for bf16, and the hardware
+// prefetchers alone left the one-token case short of the DRAM bandwidth.
+// Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
+// a fixed order. AVX-512 through target attributes: no special flags for this file.
+// Test: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8); `moekit check --backend cpu`.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "moekit/ops/fused_moe.h"
+#include "ops/fused_moe/fused_moe_ref.h"
+
+namespace moekit::cpu {
+
+void register_fused_moe_avx512_fp8(Registry& r);
+
+namespace {
+
+constexpr int64_t kRowBlock = 16;  // output rows per task
+constexpr int kTok = 4;            // entries per register block
+constexpr int64_t kPrefetch = 2048;  // bytes ahead along a weight row (best of 0/1024/2048/4096 here)
+
+// Scratch carved from the workspace (64-byte aligned pieces).
+struct Scratch {
+  int32_t* local;   // [Eg] global -> local expert (-1 remote)
+  int32_t* offset;  // [E + 1] start of each expert's entries in `entry`
+  int32_t* entry;   // [T*k] slot ids t*k + j grouped by expert, (t, j) ascending inside
+  int32_t* active;  // [E] local experts with entries, ascending; count in n_active
+  uint8_t* valid;   // [T*k] the slot has a local expert
+  float* xq;        // [T, H] fp8 code values of the quantized tokens
+  float* xs;        // [T] activation scale of each token
+  float* a;         // [T*k, I] intermediate in f32, then its fp8 code values (stage 1b)
+  float* as;        // [T*k] intermediate scale of each slot
+  float* y;         // [T*k, H] per-slot expert output
+  int64_t n_active;
+};
+
+size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+size_t workspace_bytes(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  const size_t slots = size_t(d.T * d.k), T = size_t(d.T);
+  return align64(size_t(d.Eg) * 4) + align64(size_t(d.E + 1) * 4) + align64(slots * 4) + align64(size_t(d.E) * 4) +
+         align64(slots) + align64(T * size_t(d.H) * 4) + align64(T * 4) + align64(slots * size_t(d.I) * 4) +
+         align64(slots * 4) + align64(slots * size_t(d.H) * 4) + 64;
+}
+
+Scratch carve(const FusedMoeParams& p, void* ws) {
+  const MoeDims d = moe_dims(p);
+  const size_t slots = size_t(d.T * d.k), T = size_t(d.T);
+  auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(ws) + 63) & ~uintptr_t(63));
+  auto take = [&](size_t bytes) {
+    unsigned char* q = base;
+    base += align64(bytes);
+    return q;
+  };
+  Scratch s;
+  s.local = reinterpret_cast<int32_t*>(take(size_t(d.Eg) * 4));
+  s.offset = reinterpret_cast<int32_t*>(take(size_t(d.E + 1) * 4));
+  s.entry = reinterpret_cast<int32_t*>(take(slots * 4));
+  s.active = reinterpret_cast<int32_t*>(take(size_t(d.E) * 4));
+  s.valid = take(slots);
+  s.xq = reinterpret_cast<float*>(take(T * size_t(d.H) * 4));
+  s.xs = reinterpret_cast<float*>(take(T * 4));
+  s.a = reinterpret_cast<float*>(take(slots * size_t(d.I) * 4));
+  s.as = reinterpret_cast<float*>(take(slots * 4));
+  s.y = reinterpret_cast<float*>(take(slots * size_t(d.H) * 4));
+  s.n_active = 0;
+  return s;
+}
+
+Status supports(const FusedMoeParams& p) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2},
+                                {"topk_ids", &p.topk_ids}, {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                {"w1_scale", &p.w1_scale}, {"w2_scale", &p.w2_scale}, {"a1_scale", &p.a1_scale},
+                                {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}) {
+    if (t->present() && t->device != Device::cpu) {
+      return Unsupported("CPU kernels need host tensors; ", name, " is on ", device_name(t->device));
+    }
+  }
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16 && p.x.dtype != DType::f32) {
+    return Unsupported("fused_moe_avx512_fp8_row: x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
+  }
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported("fused_moe_avx512_fp8_row: weights must be fp8_e4m3fn, got w1 ", dtype_name(p.w1.dtype),
+                       ", w2 ", dtype_name(p.w2.dtype));
+  }
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("fused_moe_avx512_fp8_row: weights must be row_major, got ", layout_name(p.w1.layout));
+  }
+  if (p.scale_block_n != 0) {
+    return Unsupported("fused_moe_avx512_fp8_row: block scales are not supported, got scale_block_n=",
+                       p.scale_block_n);
+  }
+  const MoeDims d = moe_dims(p);
+  if (d.H % 16 != 0 || d.I % 16 != 0) {
+    return Unsupported("fused_moe_avx512_fp8_row: H and I must be multiples of 16, got H=", d.H, " I=", d.I);
+  }
+  return Status::Ok();
+}
+
+// Stage 0a: entries grouped by local expert (counting sort, stable in slot order).
+void group_entries(const FusedMoeParams& p, const MoeDims& d, Scratch* s) {
+  ref::moe::build_local_table(p, s->local);
+  const int32_t* ids = p.topk_ids.ptr<const int32_t>();
+  const int64_t slots = d.T * d.k;
+  std::fill(s->offset, s->offset + d.E + 1, 0);
+  for (int64_t q = 0; q < slots; ++q) {
+    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
+    s->valid[q] = e >= 0;
+    if (e >= 0) ++s->offset[e + 1];
+  }
+  for (int64_t e = 0; e < d.E; ++e) s->offset[e + 1] += s->offset[e];
+  std::vector<int32_t> cursor(s->offset, s->offset + d.E);
+  for (int64_t q = 0; q < slots; ++q) {
+    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
+    if (e >= 0) s->entry[cursor[size_t(e)]++] = int32_t(q);
+  }
+  s->n_active = 0;
+  for (int64_t e = 0; e < d.E; ++e) {
+    if (s->offset[e + 1] > s->offset[e]) s->active[s->n_active++] = int32_t(e);
+  }
+}
+
+// 16 fp8 e4m3fn codes at w -> their f32 values times 2^-120 (see the file comment).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 decode16(const uint8_t* w) {
+  // NOTE: the maskz forms with a full mask, not _mm512_cvtepi8_epi32 / _mm512_slli_epi32, whose
+  // _mm512_undefined_epi32 trips a false -Wmaybe-uninitialized in GCC 12's headers.
+  const __m512i v = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m512i bits = _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
+  return _mm512_castsi512_ps(bits);
+}
+
+// Sum of the 16 lanes in a fixed order. NOTE: not _mm512_reduce_add_ps, which trips a false
+// -Wmaybe-uninitialized in GCC 12's headers.
+__attribute__((target("avx512f"))) inline float hsum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+
+// dots[r][q] = w row r . v[q] over K (K % 16 == 0) for R weight rows and NT activation rows.
+// R x NT independent accumulators hide the FMA latency at one token.
+template <int R, int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const uint8_t* const* w,
+                                                                          const float* const* v, int64_t K,
+                                                                          float (*dots)[kTok]) {
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < K; kk += 16) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      if ((kk & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + kk + kPrefetch), _MM_HINT_T1);
+      const __m512 vw = decode16(w[r] + kk);
+#pragma GCC unroll 4
+      for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_fmadd_ps(vw, _mm512_loadu_ps(v[q] + kk), acc[r][q]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < NT; ++q) dots[r][q] = hsum(acc[r][q]) * 0x1p120f;
+  }
+}
+
+// Stage 1 for expert e, intermediate rows [i0, i1) (an even count), NT entries from ent.
+template <int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent,
+                  int64_t i0, int64_t i1) {
+  const auto* w1 = p.w1.ptr<const uint8_t>() + int64_t(e) * d.N1 * d.H;
+  const float* tw = p.topk_weights.ptr<const float>();
+  const float* xr[kTok];
+  for (int q = 0; q < NT; ++q) xr[q] = s.xq + int64_t(ent[q] / d.k) * d.H;
+  for (int64_t i = i0; i < i1; i += 2) {
+    float dots[4][kTok];
+    if (d.g1u1) {
+      const uint8_t* w[4] = {w1 + i * d.H, w1 + (i + 1) * d.H, w1 + (d.I + i) * d.H, w1 + (d.I + i + 1) * d.H};
+      dot_rows<4, NT>(w, xr, d.H, dots);
+    } else {
+      const uint8_t* w[2] = {w1 + i * d.H, w1 + (i + 1) * d.H};
+      dot_rows<2, NT>(w, xr, d.H, dots);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const int64_t n = i + r;
+      const float rg = ref::moe::row_scale(p.w1_scale, e, n, d.N1);
+      const float ru = d.g1u1 ? ref::moe::row_scale(p.w1_scale, e, d.I + n, d.N1) : 0.0f;
+      for (int q = 0; q < NT; ++q) {
+        const int32_t slot = ent[q];
+        const float sx = s.xs[slot / d.k];
+        const float win = ref::moe::slot_weight(p, tw[slot]).in;
+        float v = ref::moe::activation(p.activation, dots[r][q] * sx * rg * win);
+        if (d.g1u1) v *= dots[2 + r][q] * sx * ru * win;
+        s.a[int64_t(slot) * d.I + n] = v;
+      }
+    }
+  }
+}
+
+// Stage 2 for expert e, hidden rows [h0, h1) (a multiple of 4), NT entries from ent.
+template <int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent, int64_t h0,
+               int64_t h1) {
+  const auto* w2 = p.w2.ptr<const uint8_t>() + int64_t(e) * d.H * d.I;
+  const float* ar[kTok];
+  for (int q = 0; q < NT; ++q) ar[q] = s.a + int64_t(ent[q]) * d.I;
+  for (int64_t h = h0; h < h1; h += 4) {
+    float dots[4][kTok];
+    const uint8_t* w[4] = {w2 + h * d.I, w2 + (h + 1) * d.I, w2 + (h + 2) * d.I, w2 + (h + 3) * d.I};
+    dot_rows<4, NT>(w, ar, d.I, dots);
+    for (int r = 0; r < 4; ++r) {
+      const float rs = ref::moe::row_scale(p.w2_scale, e, h + r, d.H);
+      for (int q = 0; q < NT; ++q) s.y[int64_t(ent[q]) * d.H + h + r] = dots[r][q] * s.as[ent[q]] * rs;
+    }
+  }
+}
+
+// Runs fn<NT>(ent) over expert e's entries in chunks of up to kTok.
+template <typename F>
+void for_entry_chunks(const Scratch& s, int32_t e, F&& fn) {
+  const int32_t* ent = s.entry + s.offset[e];
+  const int64_t n = s.offset[e + 1] - s.offset[e];
+  for (int64_t c = 0; c < n; c += kTok) {
+    switch (std::min<int64_t>(kTok, n - c)) {
+      case 1: fn(std::integral_constant<int, 1>{}, ent + c); break;
+      case 2: fn(std::integral_constant<int, 2>{}, ent + c); break;
+      case 3: fn(std::integral_constant<int, 3>{}, ent + c); break;
+      default: fn(std::integral_constant<int, 4>{}, ent + c); break;
+    }
+  }
+}
+
+Status run(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  if (d.T == 0) return Status::Ok();
+  Scratch s = carve(p, ctx.workspace);
+  group_entries(p, d, &s);
+  // Stage 0b: per-token activation quantization (in place: the amax is read first).
+  parallel_for(d.T, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* xq = s.xq + t * d.H;
+      ref::moe::load_x_row(p.x, t, xq);
+      if (p.a1_scale.present()) {
+        s.xs[t] = p.a1_scale.ptr<const float>()[0];
+        ref::moe::quantize_row_fp8_static(xq, d.H, s.xs[t], xq);
+      } else {
+        s.xs[t] = ref::moe::quantize_row_fp8(xq, d.H, xq);
+      }
+    }
+  });
+  // Stage 1 and 2: tasks = active experts x row blocks.
+  const int64_t nbi = (d.I + kRowBlock - 1) / kRowBlock, nbh = (d.H + kRowBlock - 1) / kRowBlock;
+  parallel_for(s.n_active * nbi, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int32_t ex = s.active[t / nbi];
+      const int64_t i0 = (t % nbi) * kRowBlock, i1 = std::min(d.I, i0 + kRowBlock);
+      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
+    }
+  });
+  // Stage 1b: per (token, slot) re-quantization of a.
+  parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      if (s.valid[q]) s.as[q] = ref::moe::quantize_row_fp8(s.a + q * d.I, d.I, s.a + q * d.I);
+    }
+  });
+  parallel_for(s.n_active * nbh, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int32_t ex = s.active[t / nbh];
+      const int64_t h0 = (t % nbh) * kRowBlock, h1 = std::min(d.H, h0 + kRowBlock);
+      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { down_rows<decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
+    }
+  });
+  // Stage 3: per token, slots in order (the reference's order), one rounding.
+  const float* tw = p.topk_weights.ptr<const float>();
+  parallel_for(d.T, [&](int64_t b, int64_t e) {
+    std::vector<float> y(static_cast<size_t>(d.H));
+    for (int64_t t = b; t < e; ++t) {
+      std::fill(y.begin(), y.end(), 0.0f);
+      for (int64_t j = 0; j < d.k; ++j) {
+        const int64_t slot = t * d.k + j;
+        if (!s.valid[slot]) continue;
+        const float w = ref::moe::slot_weight(p, tw[slot]).out;
+        const float* ys = s.y + slot * d.H;
+        for (int64_t h = 0; h < d.H; ++h) y[size_t(h)] += w * ys[h];
+      }
+      ref::moe::store_out_row(p.out, t, y.data());
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+void register_fused_moe_avx512_fp8(Registry& r) {
+  r.add({"fused_moe_avx512_fp8_row", OpKind::fused_moe, MoeVariant::fp8_row, Backend::cpu,
+         "w fp8_e4m3fn row_major decoded on the fly, per-row/per-tensor scales, dynamic fp8 activations, f32 FMA; "
+         "H, I % 16 == 0",
+         50, erase_supports<FusedMoeParams, supports>, erase_workspace<FusedMoeParams, workspace_bytes>,
+         erase_run<FusedMoeParams, run>});
+  r.add({"fused_moe_avx512_fp8_row_tkw1", OpKind::fused_moe, MoeVariant::fp8_row_tkw1, Backend::cpu,
+         "as fused_moe_avx512_fp8_row, k == 1, router weight on the expert input", 50,
+         erase_supports<FusedMoeParams, supports>, erase_workspace<FusedMoeParams, workspace_bytes>,
+         erase_run<FusedMoeParams, run>});
+}
+
+}  // namespace moekit::cpu

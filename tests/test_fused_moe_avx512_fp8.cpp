@@ -1,0 +1,165 @@
+// fused_moe_avx512_fp8_row / _tkw1 (the CPU backend's fp8 W8A8 per-row fused MoE) against the
+// reference kernels fused_moe_ref_fp8_row / _tkw1. Skipped where the CPU lacks AVX-512 BF16.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "moekit/ops/fused_moe.h"
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+namespace moekit {
+namespace {
+
+using testing::MoeProblem;
+using testing::MoeShape;
+using testing::Scheme;
+
+constexpr const char* kKernel = "fused_moe_avx512_fp8_row";
+constexpr const char* kKernelTkw1 = "fused_moe_avx512_fp8_row_tkw1";
+
+std::string cpu_unavailable() {
+  const Status s = registry().backend_available(Backend::cpu);
+  return s.ok() ? "" : s.to_string();
+}
+
+// Runs kernel `name` on p (out poisoned first) and returns the output as doubles.
+std::vector<double> run(MoeProblem& p, const char* name) {
+  p.out.fill_bytes(0xFF);
+  RunOptions o;
+  o.kernel = name;
+  const Status s = fused_moe(p.params(), o);
+  EXPECT_TRUE(s.ok()) << name << ": " << s.to_string();
+  return testing::read_out(p.params().out);
+}
+
+void expect_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed, const std::string& what) {
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(s, o, seed, &p).ok()) << what;
+  const bool tkw1 = s.weight_on_input;
+  const std::vector<double> want = run(p, tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row");
+  const std::vector<double> got = run(p, tkw1 ? kKernelTkw1 : kKernel);
+  testing::Metrics m;
+  std::string detail;
+  EXPECT_TRUE(testing::judge_moe(got, want, s.T, s.H,
+                                 testing::moe_tolerance(tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row,
+                                                        DType::f32, testing::MoeCompare::kernel_vs_ref),
+                                 &m, &detail))
+      << what << ": " << detail << " worst " << m.worst;
+}
+
+MoeShape shape(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, Scheme scheme) {
+  MoeShape s;
+  s.T = T;
+  s.E = E;
+  s.k = k;
+  s.H = H;
+  s.I = I;
+  s.scheme = scheme;
+  return s;
+}
+
+TEST(FusedMoeAvx512Fp8, IsPickedByDefaultOnThisCpu) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    MoeProblem p;
+    ASSERT_TRUE(testing::make_moe_problem(shape(3, 8, 2, 64, 96, sc), {}, 1, &p).ok());
+    const FusedMoeParams f = p.params();
+    const Kernel* k = nullptr;
+    ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::fp8_row, &f, RunOptions{}, "t", &k).ok());
+    EXPECT_STREQ(k->name, kKernel);
+  }
+  MoeShape woi = shape(3, 8, 1, 64, 96, Scheme::fp8_channel);
+  woi.weight_on_input = true;
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(woi, {}, 1, &p).ok());
+  const FusedMoeParams f = p.params();
+  const Kernel* k = nullptr;
+  ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::fp8_row_tkw1, &f, RunOptions{}, "t", &k).ok());
+  EXPECT_STREQ(k->name, kKernelTkw1);
+}
+
+TEST(FusedMoeAvx512Fp8, EdgeCasesMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    const std::string n = testing::scheme_name(sc);
+    for (int64_t T : {1, 5, 37}) {
+      expect_matches_ref(shape(T, 8, 2, 64, 96, sc), {}, uint64_t(T), n + " T=" + std::to_string(T));
+    }
+    expect_matches_ref(shape(5, 1, 1, 16, 16, sc), {}, 2, n + " E=1 k=1 H=I=16");
+    expect_matches_ref(shape(3, 6, 6, 48, 80, sc), {}, 3, n + " k=E=6");
+    expect_matches_ref(shape(2, 13, 3, 96, 160, sc), {}, 4, n + " E=13>T");
+    testing::MoeProblemOptions g1u0;
+    g1u0.g1u1 = false;
+    expect_matches_ref(shape(6, 8, 2, 64, 96, sc), g1u0, 6, n + " g1u0");
+    testing::MoeProblemOptions pad;
+    pad.row_pad = 8;
+    expect_matches_ref(shape(6, 8, 2, 64, 96, sc), pad, 7, n + " row-strided x/out");
+    testing::MoeProblemOptions mask;
+    mask.local_experts = 3;
+    mask.ep = testing::ExpertParallel::mask;
+    expect_matches_ref(shape(9, 8, 2, 64, 96, sc), mask, 8, n + " expert_mask");
+    testing::MoeProblemOptions map = mask;
+    map.ep = testing::ExpertParallel::map;
+    expect_matches_ref(shape(9, 8, 2, 64, 96, sc), map, 9, n + " expert_map");
+    testing::MoeProblemOptions stat;
+    stat.static_a1_scale = true;
+    expect_matches_ref(shape(7, 8, 2, 64, 96, sc), stat, 10, n + " static a1_scale");
+    for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
+      MoeShape s = shape(4, 8, 2, 64, 96, sc);
+      s.activation = a;
+      expect_matches_ref(s, {}, 11, n + " " + activation_name(a));
+    }
+    for (int64_t T : {1, 5, 37}) {
+      MoeShape woi = shape(T, 8, 1, 64, 96, sc);
+      woi.weight_on_input = true;
+      expect_matches_ref(woi, {}, 12, n + " weight_on_input T=" + std::to_string(T));
+    }
+  }
+}
+
+TEST(FusedMoeAvx512Fp8, RefusesWhatItCannotRun) {
+  const Kernel* k = registry().find(kKernel);
+  ASSERT_NE(k, nullptr);
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(2, 4, 2, 40, 64, Scheme::fp8_channel), {}, 1, &p).ok());
+  FusedMoeParams f = p.params();
+  Status s = k->supports(&f);
+  EXPECT_NE(s.message().find("multiples of 16, got H=40"), std::string::npos) << s.message();
+  MoeProblem q;
+  ASSERT_TRUE(testing::make_moe_problem(shape(2, 4, 2, 64, 64, Scheme::bf16), {}, 1, &q).ok());
+  f = q.params();
+  s = k->supports(&f);
+  EXPECT_NE(s.message().find("weights must be fp8_e4m3fn, got w1 bf16"), std::string::npos) << s.message();
+  MoeProblem b;
+  ASSERT_TRUE(testing::make_moe_problem(shape(2, 4, 2, 256, 256, Scheme::fp8_block), {}, 1, &b).ok());
+  f = b.params();
+  s = k->supports(&f);
+  EXPECT_NE(s.message().find("scale_block_n=128"), std::string::npos) << s.message();
+}
+
+TEST(FusedMoeAvx512Fp8, DeterministicAcrossRuns) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(50, 16, 4, 128, 192, Scheme::fp8_channel), {}, 3, &p).ok());
+  run(p, kKernel);
+  const std::vector<unsigned char> first = p.out.bytes;
+  run(p, kKernel);
+  EXPECT_EQ(p.out.bytes, first);
+}
+
+TEST(FusedMoeAvx512Fp8, PresetsMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  for (const char* model : {"mixtral", "qwen3-moe"}) {
+    testing::ShapeRequest req;
+    req.model = model;
+    req.scheme = Scheme::fp8_channel;
+    req.scheme_given = true;
+    MoeShape s;
+    ASSERT_TRUE(testing::resolve_shape(req, 2, &s).ok());
+    expect_matches_ref(s, {}, 2, std::string(model) + " T=2");
+  }
+}
+
+}  // namespace
+}  // namespace moekit
