@@ -1,5 +1,5 @@
 // Scalar conversions of moekit/core/dtype.h against PyTorch (tests/data/dtype_golden.json, made by
-// PyTorch 2.11; see /work/shared/golden/README.md) and against hand-worked cases.
+// PyTorch 2.11; see golden/README.md in the project's shared documents) and against hand-worked cases.
 //
 // The golden file holds 340 float32 inputs (special values, rounding ties, format limits, random
 // magnitudes) with their bf16, f16, e4m3fn and e4m3fnuz bit patterns, and the float32 value of all

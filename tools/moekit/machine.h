@@ -44,7 +44,7 @@ struct Floors {
 Floors host_floors(const HostPeaks& p, testing::Scheme scheme);
 
 // CUDA floors. NOTE: the hook for a measured / queried device peak. It returns the H200 ceilings the
-// peer numbers of /work/shared/ANCHORS.md were judged against, so moekit's frac_floor is comparable
+// peer numbers of ANCHORS.md (shared project documents) were judged against, so moekit's frac_floor is comparable
 // with the peer's: 4300 GB/s (read stream), 790 TFLOP/s bf16 (cuBLAS 8192^3), 1580 TFLOP/s fp8
 // (2x bf16); f32 / f16 schemes use the bf16 rate (the kernels run on bf16/f16 tensor cores).
 Floors device_floors(testing::Scheme scheme);
