@@ -17,11 +17,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
-#include <vector>
 
 #include "cpu/thread_pool.h"
 #include "moekit/ops/fused_moe.h"
+#include "ops/fused_moe/fused_moe_cpu.h"
 #include "ops/fused_moe/fused_moe_ref.h"
 
 namespace moekit::cpu {
@@ -33,57 +32,32 @@ namespace {
 constexpr int64_t kRowBlock = 16;  // output rows per task
 constexpr int kTok = 4;            // entries per register block
 
-// Scratch carved from the workspace (64-byte aligned pieces).
-struct Scratch {
-  int32_t* local;   // [Eg] global -> local expert (-1 remote)
-  int32_t* offset;  // [E + 1] start of each expert's entries in `entry`
-  int32_t* entry;   // [T*k] slot ids t*k + j grouped by expert, (t, j) ascending inside
-  int32_t* active;  // [E] local experts with entries, ascending; count in n_active
-  uint8_t* valid;   // [T*k] the slot has a local expert
-  uint16_t* a;      // [T*k, I] intermediate (bf16 bits)
-  float* y;         // [T*k, H] per-slot expert output
-  int64_t n_active;
+// Scratch carved from the workspace: the expert groups plus this kernel's buffers.
+struct Scratch : moe::ExpertGroups {
+  uint16_t* a;  // [T*k, I] intermediate (bf16 bits)
+  float* y;     // [T*k, H] per-slot expert output
 };
-
-size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
 
 size_t workspace_bytes(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const size_t slots = size_t(d.T * d.k);
-  return align64(size_t(d.Eg) * 4) + align64(size_t(d.E + 1) * 4) + align64(slots * 4) +
-         align64(size_t(d.E) * 4) + align64(slots) + align64(slots * size_t(d.I) * 2) +
-         align64(slots * size_t(d.H) * 4) + 64;
+  return moe::expert_groups_bytes(d) + moe::align64(slots * size_t(d.I) * 2) +
+         moe::align64(slots * size_t(d.H) * 4) + 64;
 }
 
 Scratch carve(const FusedMoeParams& p, void* ws) {
   const MoeDims d = moe_dims(p);
   const size_t slots = size_t(d.T * d.k);
-  auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(ws) + 63) & ~uintptr_t(63));
-  auto take = [&](size_t bytes) {
-    unsigned char* q = base;
-    base += align64(bytes);
-    return q;
-  };
+  moe::Carver c(ws);
   Scratch s;
-  s.local = reinterpret_cast<int32_t*>(take(size_t(d.Eg) * 4));
-  s.offset = reinterpret_cast<int32_t*>(take(size_t(d.E + 1) * 4));
-  s.entry = reinterpret_cast<int32_t*>(take(slots * 4));
-  s.active = reinterpret_cast<int32_t*>(take(size_t(d.E) * 4));
-  s.valid = take(slots);
-  s.a = reinterpret_cast<uint16_t*>(take(slots * size_t(d.I) * 2));
-  s.y = reinterpret_cast<float*>(take(slots * size_t(d.H) * 4));
-  s.n_active = 0;
+  moe::carve_expert_groups(d, c, &s);
+  s.a = c.take<uint16_t>(slots * size_t(d.I));
+  s.y = c.take<float>(slots * size_t(d.H));
   return s;
 }
 
 Status supports(const FusedMoeParams& p) {
-  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2},
-                                {"topk_ids", &p.topk_ids}, {"topk_weights", &p.topk_weights}, {"out", &p.out},
-                                {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}) {
-    if (t->present() && t->device != Device::cpu) {
-      return Unsupported("CPU kernels need host tensors; ", name, " is on ", device_name(t->device));
-    }
-  }
+  MOEKIT_RETURN_IF_ERROR(moe::require_host(p));
   if (p.x.dtype != DType::bf16) return Unsupported("fused_moe_avx512_bf16: x must be bf16, got ", dtype_name(p.x.dtype));
   if (p.w1.layout != Layout::row_major) {
     return Unsupported("fused_moe_avx512_bf16: weights must be row_major, got ", layout_name(p.w1.layout));
@@ -94,29 +68,6 @@ Status supports(const FusedMoeParams& p) {
     return Unsupported("fused_moe_avx512_bf16: H and I must be multiples of 32, got H=", d.H, " I=", d.I);
   }
   return Status::Ok();
-}
-
-// Stage 0: entries grouped by local expert (counting sort, stable in slot order).
-void group_entries(const FusedMoeParams& p, const MoeDims& d, Scratch* s) {
-  ref::moe::build_local_table(p, s->local);
-  const int32_t* ids = p.topk_ids.ptr<const int32_t>();
-  const int64_t slots = d.T * d.k;
-  std::fill(s->offset, s->offset + d.E + 1, 0);
-  for (int64_t q = 0; q < slots; ++q) {
-    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
-    s->valid[q] = e >= 0;
-    if (e >= 0) ++s->offset[e + 1];
-  }
-  for (int64_t e = 0; e < d.E; ++e) s->offset[e + 1] += s->offset[e];
-  std::vector<int32_t> cursor(s->offset, s->offset + d.E);
-  for (int64_t q = 0; q < slots; ++q) {
-    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
-    if (e >= 0) s->entry[cursor[size_t(e)]++] = int32_t(q);
-  }
-  s->n_active = 0;
-  for (int64_t e = 0; e < d.E; ++e) {
-    if (s->offset[e + 1] > s->offset[e]) s->active[s->n_active++] = int32_t(e);
-  }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
@@ -200,7 +151,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
   Scratch s = carve(p, ctx.workspace);
-  group_entries(p, d, &s);
+  moe::group_entries(p, d, &s);
   // Stage 1 and 2: tasks = active experts x row blocks.
   const int64_t nbi = (d.I + kRowBlock - 1) / kRowBlock, nbh = (d.H + kRowBlock - 1) / kRowBlock;
   parallel_for(s.n_active * nbi, [&](int64_t b, int64_t e) {
@@ -215,22 +166,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       down_block(p, d, s, s.active[t / nbh], h0, std::min(d.H, h0 + kRowBlock));
     }
   });
-  // Stage 3: per token, slots in order (the reference's order), one rounding.
-  const float* tw = p.topk_weights.ptr<const float>();
-  parallel_for(d.T, [&](int64_t b, int64_t e) {
-    std::vector<float> y(static_cast<size_t>(d.H));
-    for (int64_t t = b; t < e; ++t) {
-      std::fill(y.begin(), y.end(), 0.0f);
-      for (int64_t j = 0; j < d.k; ++j) {
-        const int64_t slot = t * d.k + j;
-        if (!s.valid[slot]) continue;
-        const float w = ref::moe::slot_weight(p, tw[slot]).out;
-        const float* ys = s.y + slot * d.H;
-        for (int64_t h = 0; h < d.H; ++h) y[size_t(h)] += w * ys[h];
-      }
-      ref::moe::store_out_row(p.out, t, y.data());
-    }
-  });
+  moe::combine_slots(p, d, s, s.y);  // stage 3
   return Status::Ok();
 }
 

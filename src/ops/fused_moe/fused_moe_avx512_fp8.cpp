@@ -29,10 +29,10 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <vector>
 
 #include "cpu/thread_pool.h"
 #include "moekit/ops/fused_moe.h"
+#include "ops/fused_moe/fused_moe_cpu.h"
 #include "ops/fused_moe/fused_moe_ref.h"
 
 namespace moekit::cpu {
@@ -45,64 +45,38 @@ constexpr int64_t kRowBlock = 16;  // output rows per task
 constexpr int kTok = 4;            // entries per register block
 constexpr int64_t kPrefetch = 2048;  // bytes ahead along a weight row (best of 0/1024/2048/4096 here)
 
-// Scratch carved from the workspace (64-byte aligned pieces).
-struct Scratch {
-  int32_t* local;   // [Eg] global -> local expert (-1 remote)
-  int32_t* offset;  // [E + 1] start of each expert's entries in `entry`
-  int32_t* entry;   // [T*k] slot ids t*k + j grouped by expert, (t, j) ascending inside
-  int32_t* active;  // [E] local experts with entries, ascending; count in n_active
-  uint8_t* valid;   // [T*k] the slot has a local expert
-  float* xq;        // [T, H] fp8 code values of the quantized tokens
-  float* xs;        // [T] activation scale of each token
-  float* a;         // [T*k, I] intermediate in f32, then its fp8 code values (stage 1b)
-  float* as;        // [T*k] intermediate scale of each slot
-  float* y;         // [T*k, H] per-slot expert output
-  int64_t n_active;
+// Scratch carved from the workspace: the expert groups plus this kernel's buffers.
+struct Scratch : moe::ExpertGroups {
+  float* xq;  // [T, H] fp8 code values of the quantized tokens
+  float* xs;  // [T] activation scale of each token
+  float* a;   // [T*k, I] intermediate in f32, then its fp8 code values (stage 1b)
+  float* as;  // [T*k] intermediate scale of each slot
+  float* y;   // [T*k, H] per-slot expert output
 };
-
-size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
 
 size_t workspace_bytes(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const size_t slots = size_t(d.T * d.k), T = size_t(d.T);
-  return align64(size_t(d.Eg) * 4) + align64(size_t(d.E + 1) * 4) + align64(slots * 4) + align64(size_t(d.E) * 4) +
-         align64(slots) + align64(T * size_t(d.H) * 4) + align64(T * 4) + align64(slots * size_t(d.I) * 4) +
-         align64(slots * 4) + align64(slots * size_t(d.H) * 4) + 64;
+  return moe::expert_groups_bytes(d) + moe::align64(T * size_t(d.H) * 4) + moe::align64(T * 4) +
+         moe::align64(slots * size_t(d.I) * 4) + moe::align64(slots * 4) + moe::align64(slots * size_t(d.H) * 4) + 64;
 }
 
 Scratch carve(const FusedMoeParams& p, void* ws) {
   const MoeDims d = moe_dims(p);
   const size_t slots = size_t(d.T * d.k), T = size_t(d.T);
-  auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(ws) + 63) & ~uintptr_t(63));
-  auto take = [&](size_t bytes) {
-    unsigned char* q = base;
-    base += align64(bytes);
-    return q;
-  };
+  moe::Carver c(ws);
   Scratch s;
-  s.local = reinterpret_cast<int32_t*>(take(size_t(d.Eg) * 4));
-  s.offset = reinterpret_cast<int32_t*>(take(size_t(d.E + 1) * 4));
-  s.entry = reinterpret_cast<int32_t*>(take(slots * 4));
-  s.active = reinterpret_cast<int32_t*>(take(size_t(d.E) * 4));
-  s.valid = take(slots);
-  s.xq = reinterpret_cast<float*>(take(T * size_t(d.H) * 4));
-  s.xs = reinterpret_cast<float*>(take(T * 4));
-  s.a = reinterpret_cast<float*>(take(slots * size_t(d.I) * 4));
-  s.as = reinterpret_cast<float*>(take(slots * 4));
-  s.y = reinterpret_cast<float*>(take(slots * size_t(d.H) * 4));
-  s.n_active = 0;
+  moe::carve_expert_groups(d, c, &s);
+  s.xq = c.take<float>(T * size_t(d.H));
+  s.xs = c.take<float>(T);
+  s.a = c.take<float>(slots * size_t(d.I));
+  s.as = c.take<float>(slots);
+  s.y = c.take<float>(slots * size_t(d.H));
   return s;
 }
 
 Status supports(const FusedMoeParams& p) {
-  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2},
-                                {"topk_ids", &p.topk_ids}, {"topk_weights", &p.topk_weights}, {"out", &p.out},
-                                {"w1_scale", &p.w1_scale}, {"w2_scale", &p.w2_scale}, {"a1_scale", &p.a1_scale},
-                                {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}) {
-    if (t->present() && t->device != Device::cpu) {
-      return Unsupported("CPU kernels need host tensors; ", name, " is on ", device_name(t->device));
-    }
-  }
+  MOEKIT_RETURN_IF_ERROR(moe::require_host(p));
   if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16 && p.x.dtype != DType::f32) {
     return Unsupported("fused_moe_avx512_fp8_row: x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
   }
@@ -122,29 +96,6 @@ Status supports(const FusedMoeParams& p) {
     return Unsupported("fused_moe_avx512_fp8_row: H and I must be multiples of 16, got H=", d.H, " I=", d.I);
   }
   return Status::Ok();
-}
-
-// Stage 0a: entries grouped by local expert (counting sort, stable in slot order).
-void group_entries(const FusedMoeParams& p, const MoeDims& d, Scratch* s) {
-  ref::moe::build_local_table(p, s->local);
-  const int32_t* ids = p.topk_ids.ptr<const int32_t>();
-  const int64_t slots = d.T * d.k;
-  std::fill(s->offset, s->offset + d.E + 1, 0);
-  for (int64_t q = 0; q < slots; ++q) {
-    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
-    s->valid[q] = e >= 0;
-    if (e >= 0) ++s->offset[e + 1];
-  }
-  for (int64_t e = 0; e < d.E; ++e) s->offset[e + 1] += s->offset[e];
-  std::vector<int32_t> cursor(s->offset, s->offset + d.E);
-  for (int64_t q = 0; q < slots; ++q) {
-    const int32_t e = ref::moe::local_expert(s->local, ids[q]);
-    if (e >= 0) s->entry[cursor[size_t(e)]++] = int32_t(q);
-  }
-  s->n_active = 0;
-  for (int64_t e = 0; e < d.E; ++e) {
-    if (s->offset[e + 1] > s->offset[e]) s->active[s->n_active++] = int32_t(e);
-  }
 }
 
 // 16 fp8 e4m3fn codes at w -> their f32 values times 2^-120 (see the file comment).
@@ -260,7 +211,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
   Scratch s = carve(p, ctx.workspace);
-  group_entries(p, d, &s);
+  moe::group_entries(p, d, &s);  // stage 0a
   // Stage 0b: per-token activation quantization (in place: the amax is read first).
   parallel_for(d.T, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -296,22 +247,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { down_rows<decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
     }
   });
-  // Stage 3: per token, slots in order (the reference's order), one rounding.
-  const float* tw = p.topk_weights.ptr<const float>();
-  parallel_for(d.T, [&](int64_t b, int64_t e) {
-    std::vector<float> y(static_cast<size_t>(d.H));
-    for (int64_t t = b; t < e; ++t) {
-      std::fill(y.begin(), y.end(), 0.0f);
-      for (int64_t j = 0; j < d.k; ++j) {
-        const int64_t slot = t * d.k + j;
-        if (!s.valid[slot]) continue;
-        const float w = ref::moe::slot_weight(p, tw[slot]).out;
-        const float* ys = s.y + slot * d.H;
-        for (int64_t h = 0; h < d.H; ++h) y[size_t(h)] += w * ys[h];
-      }
-      ref::moe::store_out_row(p.out, t, y.data());
-    }
-  });
+  moe::combine_slots(p, d, s, s.y);  // stage 3
   return Status::Ok();
 }
 
