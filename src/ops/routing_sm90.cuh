@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "moekit/core/dtype.h"
+#include "moekit/core/status.h"
 
 namespace moekit::cuda::routing {
 
@@ -166,6 +167,14 @@ inline int values_per_lane(int64_t Eg) {
   int vpt = 1;
   while (vpt * kWarp < Eg) vpt *= 2;
   return vpt;
+}
+
+// supports() part shared by the routing kernels: a row of up to kMaxExperts logits per warp.
+inline Status check_row_fits(const char* kernel, int64_t Eg) {
+  if (Eg > kMaxExperts) {
+    return Unsupported(kernel, ": Eg must be <= ", kMaxExperts, " (one register row per warp), got ", Eg);
+  }
+  return Status::Ok();
 }
 
 // The one launch switch of the routing kernels: calls launch(std::integral_constant<int, VPT>{})

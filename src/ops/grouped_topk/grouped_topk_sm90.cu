@@ -160,11 +160,7 @@ Status supports(const GroupedTopkParams& p) {
                                          {"correction_bias", &p.correction_bias},
                                          {"topk_weights", &p.topk_weights},
                                          {"topk_ids", &p.topk_ids}}));
-  if (p.gating.shape[1] > kMaxExperts) {
-    return Unsupported("grouped_topk_sm90: Eg must be <= ", kMaxExperts, " (one register row per warp), got ",
-                       p.gating.shape[1]);
-  }
-  return Status::Ok();
+  return check_row_fits("grouped_topk_sm90", p.gating.shape[1]);
 }
 
 Status run(const GroupedTopkParams& p, const RunContext& ctx) {

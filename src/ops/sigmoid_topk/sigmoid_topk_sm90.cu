@@ -50,11 +50,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) sigmoid_topk_kernel(co
 Status supports(const SigmoidTopkParams& p) {
   MOEKIT_RETURN_IF_ERROR(
       require_device({{"gating", &p.gating}, {"topk_weights", &p.topk_weights}, {"topk_ids", &p.topk_ids}}));
-  if (p.gating.shape[1] > kMaxExperts) {
-    return Unsupported("sigmoid_topk_sm90: Eg must be <= ", kMaxExperts, " (one register row per warp), got ",
-                       p.gating.shape[1]);
-  }
-  return Status::Ok();
+  return check_row_fits("sigmoid_topk_sm90", p.gating.shape[1]);
 }
 
 Status run(const SigmoidTopkParams& p, const RunContext& ctx) {

@@ -75,11 +75,7 @@ Status supports(const TopkSoftmaxParams& p) {
                                          {"topk_weights", &p.topk_weights},
                                          {"topk_ids", &p.topk_ids},
                                          {"token_expert_indices", &p.token_expert_indices}}));
-  if (p.gating.shape[1] > kMaxExperts) {
-    return Unsupported("topk_softmax_sm90: Eg must be <= ", kMaxExperts, " (one register row per warp), got ",
-                       p.gating.shape[1]);
-  }
-  return Status::Ok();
+  return check_row_fits("topk_softmax_sm90", p.gating.shape[1]);
 }
 
 Status run(const TopkSoftmaxParams& p, const RunContext& ctx) {
