@@ -1,7 +1,9 @@
 // fused_moe_sm90_grouped (see fused_moe_sm90_grouped.h): routing into expert-contiguous rows, the
-// two grouped GEMMs on tensor cores (mainloops: wgmma / HGMMA for 128-row M tiles in
-// fused_moe_sm90_grouped_wgmma.cuh, mma.sync / HMMA for 64-row ones and as the fallback in
-// fused_moe_sm90_grouped_mma.cuh; Mainloop<BM> below picks) and the per-token reduction over k.
+// two grouped GEMMs on tensor cores and the per-token reduction over k. 128-row M tiles: the
+// persistent TMA + wgmma kernels (gemm1_ws_kernel / gemm2_ws_kernel below, mainloop in
+// fused_moe_sm90_grouped_tma.cuh) after a gather of x rows into expert order; 64-row ones:
+// mma.sync / HMMA (fused_moe_sm90_grouped_mma.cuh). Built with -DMOEKIT_GROUPED_TMA=0, 128-row
+// tiles use the cp.async wgmma mainloop of fused_moe_sm90_grouped_wgmma.cuh instead (Mainloop<BM>).
 // SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics; the integer atomics of the
 // routing kernel only order rows inside an expert, which changes no value: every row is computed
 // independently and the sum over k runs per token in slot order).
@@ -20,7 +22,9 @@
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
+#include "cuda/tensor_map.h"
 
 namespace moekit::cuda {
 namespace grouped {
@@ -35,7 +39,7 @@ constexpr size_t kAlign = 256;
 
 // ---------------------------------------------------------------- workspace layout
 struct WsLayout {
-  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, a, y, total;
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xs, a, y, total;
   int64_t tk, tiles_max;
 };
 
@@ -66,6 +70,10 @@ WsLayout layout_of(const FusedMoeParams& p) {
   l.slot_row = take(size_t(l.tk) * 4);
   l.tile_expert = take(size_t(l.tiles_max) * 4);
   l.tile_row0 = take(size_t(l.tiles_max) * 4);
+  l.num_tiles = take(4);
+  // The TMA path reads gemm1's A from x rows gathered into expert order (TMA copies boxes of
+  // consecutive rows; Hopper's has no row gather).
+  l.xs = take(fused_moe_sm90_grouped_uses_tma(bm) ? size_t(l.tk) * size_t(d.H) * 2 : 0);
   l.a = take(size_t(l.tk) * size_t(d.I) * 2);
   l.y = take(size_t(l.tk) * size_t(d.H) * 4);
   l.total = off + kAlign;  // + kAlign: the caller's workspace need not be aligned
@@ -116,6 +124,70 @@ struct Mainloop {
   static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
 };
 
+// ---------------------------------------------------------------- epilogues (both mainloops)
+// A warp's accumulators v[MT][NT][4] in the m16n8 layout (row wrow + 16 mi + (lane >> 2) + 8 h,
+// column 8 j + 2 (lane & 3) + q); rows >= nrows are padding. kColCheck: n8 block j is stored only
+// while 8 j < ncols (the wgmma tiles, which span all 256 columns); otherwise the caller checked
+// that every column of the warp is valid.
+// GEMM 1: out (the tile's first row and the warp's first column of a, row stride ld) gets
+// act(w g) * (w u) (g1u1: gate in j < NT / 2, up in j + NT / 2) or act(w g) (g1u0), w = row_w(rl).
+template <class TT, bool G1U1, Activation A, int MT, int NT, bool kColCheck, class RowW>
+__device__ __forceinline__ void store_gemm1(const float (&v)[MT][NT][4], int wrow, int nrows, int ncols, TT* out,
+                                            int64_t ld, RowW row_w) {
+  const int lane = threadIdx.x & 31;
+  out += 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
+      if (rl >= nrows) continue;
+      const float w = row_w(rl);
+      TT* orow = out + int64_t(rl) * ld;
+      if constexpr (G1U1) {
+#pragma unroll
+        for (int j = 0; j < NT / 2; ++j) {
+          if (kColCheck && 8 * j >= ncols) continue;
+          const float* g = &v[mi][j][2 * h];
+          const float* u = &v[mi][j + NT / 2][2 * h];
+          const float a0 = act<A>(g[0] * w) * (u[0] * w);
+          const float a1 = act<A>(g[1] * w) * (u[1] * w);
+          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(a0, a1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (kColCheck && 8 * j >= ncols) continue;
+          const float* g = &v[mi][j][2 * h];
+          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
+        }
+      }
+    }
+  }
+}
+
+// GEMM 2: y (the tile's first row and the warp's first column, row stride ld) gets the f32 sums.
+template <int MT, int NT, bool kColCheck>
+__device__ __forceinline__ void store_gemm2(const float (&v)[MT][NT][4], int wrow, int nrows, int ncols, float* y,
+                                            int64_t ld) {
+  const int lane = threadIdx.x & 31;
+  y += 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
+      if (rl >= nrows) continue;
+      float* yrow = y + int64_t(rl) * ld;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (kColCheck && 8 * j >= ncols) continue;
+        *reinterpret_cast<float2*>(yrow + j * 8) = make_float2(v[mi][j][2 * h], v[mi][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- 1. routing
 struct RouteArgs {
   const int32_t* ids;       // [T*k]
@@ -127,6 +199,7 @@ struct RouteArgs {
   int32_t* slot_row;        // [Tk] out: row of entry t*k + j, -1 = not computed here
   int32_t* tile_expert;     // [tiles_max] out: expert of each M tile, -1 = unused tile
   int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
+  int32_t* num_tiles;       // [1] out: M tiles in use (a prefix of the list)
   int tk, E, Eg, tiles_max;
   int bm;                   // M tile rows (64 or 128)
 };
@@ -210,6 +283,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
     }
   }
   for (int t = s_toff[a.E] + tid; t < a.tiles_max; t += kRouteThreads) a.tile_expert[t] = -1;
+  if (tid == 0) *a.num_tiles = s_toff[a.E];
 }
 
 // ---------------------------------------------------------------- 2. gemm1 + activation
@@ -222,6 +296,7 @@ struct Gemm1Args {
   const int32_t* row_entry;
   const int32_t* tile_expert;
   const int32_t* tile_row0;
+  const int32_t* num_tiles;   // M tiles in use (the TMA path's work list)
   void* a;                    // [Tk, I] out
   int H, I, k;
   bool weight_on_input;
@@ -243,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   const int e = p.tile_expert[tile];
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
+  const int tid = threadIdx.x, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
   const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
 
   if (tid < BM) {
@@ -294,35 +369,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   if (ic >= p.I) return;
   const int ncols = p.I - ic;
   const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;  // the warp's first row in the tile
-  TT* out = static_cast<TT*>(p.a) + ic + 2 * (lane & 3);
-#pragma unroll
-  for (int mi = 0; mi < ML::kMT; ++mi) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
-      if (row0 + rl >= row_end) continue;
-      const float w = s_win[rl];
-      TT* orow = out + int64_t(row0 + rl) * p.I;
-      if constexpr (G1U1) {
-#pragma unroll
-        for (int j = 0; j < ML::kNT / 2; ++j) {
-          if (ML::kWgmma && 8 * j >= ncols) continue;
-          const float* g = &acc.v[mi][j][2 * h];
-          const float* u = &acc.v[mi][j + ML::kNT / 2][2 * h];
-          const float a0 = act<A>(g[0] * w) * (u[0] * w);
-          const float a1 = act<A>(g[1] * w) * (u[1] * w);
-          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(a0, a1);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < ML::kNT; ++j) {
-          if (ML::kWgmma && 8 * j >= ncols) continue;
-          const float* g = &acc.v[mi][j][2 * h];
-          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(act<A>(g[0] * w), act<A>(g[1] * w));
-        }
-      }
-    }
-  }
+  store_gemm1<TT, G1U1, A, ML::kMT, ML::kNT, ML::kWgmma>(acc.v, wrow, row_end - row0, ncols,
+                                                         static_cast<TT*>(p.a) + int64_t(row0) * p.I + ic, p.I,
+                                                         [&](int rl) { return s_win[rl]; });
 }
 
 // ---------------------------------------------------------------- 3. gemm2
@@ -332,6 +381,7 @@ struct Gemm2Args {
   const int32_t* offsets;
   const int32_t* tile_expert;
   const int32_t* tile_row0;
+  const int32_t* num_tiles;
   float* y;                   // [Tk, H] out
   int H, I;
 };
@@ -345,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
   const int e = p.tile_expert[tile];
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
+  const int tid = threadIdx.x, warp = tid >> 5, wm = warp / Tl::kWN, wn = warp % Tl::kWN;
   const int h0 = blockIdx.y * kBN;
 
   const TT* a = static_cast<const TT*>(p.a);
@@ -378,20 +428,99 @@ __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
   if (hc >= p.H) return;
   const int ncols = p.H - hc;
   const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;
-  float* y = p.y + hc + 2 * (lane & 3);
-#pragma unroll
-  for (int mi = 0; mi < ML::kMT; ++mi) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = wrow + mi * 16 + (lane >> 2) + 8 * h;
-      if (row0 + rl >= row_end) continue;
-      float* yrow = y + int64_t(row0 + rl) * p.H;
-#pragma unroll
-      for (int j = 0; j < ML::kNT; ++j) {
-        if (ML::kWgmma && 8 * j >= ncols) continue;
-        *reinterpret_cast<float2*>(yrow + j * 8) = make_float2(acc.v[mi][j][2 * h], acc.v[mi][j][2 * h + 1]);
-      }
+  store_gemm2<ML::kMT, ML::kNT, ML::kWgmma>(acc.v, wrow, row_end - row0, ncols, p.y + int64_t(row0) * p.H + hc, p.H);
+}
+
+// ---------------------------------------------------------------- 2'/3'. the TMA path (BM 128)
+// x rows gathered into expert order for gemm1's A: xs[r] = x[row_entry[r] / k], rows < offsets[E].
+template <class TT>
+__global__ void __launch_bounds__(128) gather_kernel(const TT* x, int64_t ld, const int32_t* row_entry,
+                                                     const int32_t* offsets, int E, int k, int H, TT* xs) {
+  const int row = blockIdx.x;
+  if (row >= offsets[E]) return;
+  const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(row_entry[row] / k) * ld);
+  uint4* dst = reinterpret_cast<uint4*>(xs + int64_t(row) * H);
+  for (int c = threadIdx.x; c < H / 8; c += 128) dst[c] = src[c];
+}
+
+// Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched.
+__device__ __forceinline__ WsSmem ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
+  const WsSmem sm{smem_addr(align_smem_1024(smem_raw))};
+  if (threadIdx.x == 0) ws_init_barriers(sm);
+  if (threadIdx.x == 32 * kWsConsumerWarps) {
+    tma_prefetch_desc(ma);
+    tma_prefetch_desc(mb);
+  }
+  __syncthreads();
+  return sm;
+}
+
+// gemm1 over the work list (M tiles x N tiles of 128 gate + 128 up columns, or 256 for g1u0):
+// ma = xs [Tk, H], mb = w1 as [E * N1, H]; epilogue as gemm1_kernel, w from row_entry.
+template <class TT, bool G1U1, Activation A>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm1_ws_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Gemm1Args p,
+                    int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = p.H / kBK;
+  const int n1 = G1U1 ? 2 * p.I : p.I;
+  WsRing ring;
+  if (warp == kWsConsumerWarps) {  // producer
+    if (threadIdx.x % 32 != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int m, n;
+      ws_tile(t, num_m, n_tiles, m, n);
+      const int e = p.tile_expert[m], i0 = n * (G1U1 ? kBN / 2 : kBN);
+      const int b0 = e * n1 + i0, b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
+      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b1, KT);
     }
+    return;
+  }
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int m, n;
+    ws_tile(t, num_m, n_tiles, m, n);
+    const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * (G1U1 ? kBN / 2 : kBN);
+    const int nrows = p.offsets[e + 1] - row0;
+    AccW acc;
+    ws_consume_tile<TT>(sm, ring, warp >> 2, KT, acc);
+    const int* entry = p.row_entry + row0;
+    store_gemm1<TT, G1U1, A, 1, kWgNT, true>(
+        acc.v, warp * 16, nrows, p.I - i0, static_cast<TT*>(p.a) + int64_t(row0) * p.I + i0, p.I,
+        [&](int rl) { return p.weight_on_input ? p.weights[entry[rl]] : 1.0f; });
+  }
+}
+
+// gemm2 over the work list (M tiles x H / 256): ma = a [Tk, I], mb = w2 as [E * H, I].
+template <class TT>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm2_ws_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Gemm2Args p,
+                    int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = p.I / kBK;
+  WsRing ring;
+  if (warp == kWsConsumerWarps) {  // producer
+    if (threadIdx.x % 32 != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int m, n;
+      ws_tile(t, num_m, n_tiles, m, n);
+      const int b0 = p.tile_expert[m] * p.H + n * kBN;
+      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b0 + kBN / 2, KT);
+    }
+    return;
+  }
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int m, n;
+    ws_tile(t, num_m, n_tiles, m, n);
+    const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBN;
+    const int nrows = p.offsets[e + 1] - row0;
+    AccW acc;
+    ws_consume_tile<TT>(sm, ring, warp >> 2, KT, acc);
+    store_gemm2<1, kWgNT, true>(acc.v, warp * 16, nrows, p.H - h0,
+                                p.y + int64_t(row0) * p.H + h0, p.H);
   }
 }
 
@@ -477,6 +606,54 @@ Status launch_gemms(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Arg
   return last_launch("fused_moe_sm90_grouped gemm2");
 }
 
+// The TMA path: gather, then the persistent gemm1 / gemm2 (grid: one CTA per SM at most).
+template <class TT>
+Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& g2, const WsLayout& l, TT* xs,
+                 cudaStream_t s) {
+  const MoeDims d = moe_dims(p);
+  constexpr bool kBf16 = std::is_same_v<TT, __nv_bfloat16>;
+  gather_kernel<TT><<<unsigned(l.tk), 128, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0], g1.row_entry,
+                                                   g1.offsets, int(d.E), int(d.k), int(d.H), xs);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped gather"));
+  const int64_t n1 = d.g1u1 ? 2 * d.I : d.I;
+  CUtensorMap ma1, mb1, ma2, mb2;
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, xs, kBf16, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 128,
+                                              "fused_moe_sm90_grouped xs"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kBf16, uint64_t(d.E * n1), uint64_t(d.H),
+                                              uint64_t(d.H), 128, "fused_moe_sm90_grouped w1"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, g2.a, kBf16, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I), 128,
+                                              "fused_moe_sm90_grouped a"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kBf16, uint64_t(d.E * d.H), uint64_t(d.I),
+                                              uint64_t(d.I), 128, "fused_moe_sm90_grouped w2"));
+  int dev = 0, sms = 0;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped: cudaGetDevice"));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                                    "fused_moe_sm90_grouped: cudaDeviceGetAttribute"));
+  const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
+  auto grid = [&](int n_tiles) { return unsigned(std::min<int64_t>(sms, l.tiles_max * n_tiles)); };
+
+  auto* fn1 = [&]() {
+    switch (p.activation) {
+      case Activation::gelu:
+        return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::gelu> : gemm1_ws_kernel<TT, false, Activation::gelu>;
+      case Activation::gelu_tanh:
+        return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::gelu_tanh>
+                      : gemm1_ws_kernel<TT, false, Activation::gelu_tanh>;
+      case Activation::silu: break;
+    }
+    return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::silu> : gemm1_ws_kernel<TT, false, Activation::silu>;
+  }();
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+                                    "fused_moe_sm90_grouped gemm1: cudaFuncSetAttribute"));
+  fn1<<<grid(n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped gemm1"));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(
+      cudaFuncSetAttribute(gemm2_ws_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+      "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
+  gemm2_ws_kernel<TT><<<grid(n_tiles2), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
+  return last_launch("fused_moe_sm90_grouped gemm2");
+}
+
 template <class TT>
 Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
@@ -490,6 +667,7 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   auto* slot_row = reinterpret_cast<int32_t*>(base + l.slot_row);
   auto* tile_expert = reinterpret_cast<int32_t*>(base + l.tile_expert);
   auto* tile_row0 = reinterpret_cast<int32_t*>(base + l.tile_row0);
+  auto* num_tiles = reinterpret_cast<int32_t*>(base + l.num_tiles);
   void* a = base + l.a;
   auto* y = reinterpret_cast<float*>(base + l.y);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -497,16 +675,18 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
                p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
-               local, offsets, row_entry, slot_row, tile_expert, tile_row0,
+               local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles,
                int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), bm};
   route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
   MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped route"));
 
   Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
-               tile_expert, tile_row0, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
-  Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, y, int(d.H), int(d.I)};
+               tile_expert, tile_row0, num_tiles, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
+  Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, num_tiles, y, int(d.H), int(d.I)};
   if (bm == 64) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
+  } else if constexpr (fused_moe_sm90_grouped_uses_tma(128)) {
+    MOEKIT_RETURN_IF_ERROR(launch_ws<TT>(p, g1, g2, l, reinterpret_cast<TT*>(base + l.xs), s));
   } else {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 128>(p, g1, g2, unsigned(l.tiles_max), s)));
   }
@@ -550,6 +730,10 @@ Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p) {
     return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
   }
   if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
+  if (d.E * (d.g1u1 ? 2 : 1) * d.I >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
+    return Unsupported("w1/w2: E * N = ", d.E * (d.g1u1 ? 2 : 1) * d.I, " / ", d.E * d.H,
+                       " weight rows exceed 32-bit TMA coordinates");
+  }
   return Status::Ok();
 }
 

@@ -10,9 +10,12 @@
 //      x's dtype -> workspace.
 //   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace.
 // M tiles are BM = 64 or 128 rows of one expert (fused_moe_sm90_grouped_tile_m), N tiles 256; a
-// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices. 128-row
-// tiles run on wgmma (HGMMA m64n256k16, two warpgroups), 64-row ones on mma.sync (HMMA m16n8k16);
-// see fused_moe_sm90_grouped_uses_wgmma.
+// 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices. 64-row
+// tiles run on mma.sync (HMMA m16n8k16, cp.async pipeline, one CTA per tile). 128-row tiles run
+// on persistent warp-specialised kernels (fused_moe_sm90_grouped_tma.cuh: one TMA producer warp,
+// two wgmma consumer warpgroups, mbarrier stage ring, one CTA per SM walking the tile list); for
+// them gemm1 reads x rows first gathered into expert order (2'. gather, T*k x H in the workspace).
+// See fused_moe_sm90_grouped_uses_tma / _uses_wgmma.
 //   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // Deterministic by default (by construction): every row is computed independently with a fixed K
 // order and the sum over k is done per token in slot order; no float atomics anywhere.
@@ -52,6 +55,16 @@ constexpr int fused_moe_sm90_grouped_tile_m(int64_t tk, int64_t num_global_exper
 #define MOEKIT_GROUPED_WGMMA 1
 #endif
 constexpr bool fused_moe_sm90_grouped_uses_wgmma(int tile_m) { return MOEKIT_GROUPED_WGMMA != 0 && tile_m == 128; }
+
+// Whether the M tiles of BM rows run the persistent warp-specialised TMA + wgmma kernels
+// (fused_moe_sm90_grouped_tma.cuh; gemm1 then reads x rows gathered into expert order) instead of
+// the cp.async mainloops: BM = 128 with wgmma, unless built with -DMOEKIT_GROUPED_TMA=0. Pure.
+#ifndef MOEKIT_GROUPED_TMA
+#define MOEKIT_GROUPED_TMA 1
+#endif
+constexpr bool fused_moe_sm90_grouped_uses_tma(int tile_m) {
+  return MOEKIT_GROUPED_TMA != 0 && fused_moe_sm90_grouped_uses_wgmma(tile_m);
+}
 
 // Adds the registry row (priority 100, variant unquantized).
 void register_fused_moe_sm90_grouped(Registry& r);

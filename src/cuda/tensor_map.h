@@ -1,0 +1,57 @@
+// Host side of the Hopper bulk tensor copy (TMA): encoding a 2-D tensor map for a K-contiguous bf16 /
+// f16 matrix, boxes of 64 (K) x box_rows rows with the 128-byte swizzle that the wgmma descriptors of
+// ops/fused_moe/fused_moe_sm90_grouped_desc.h expect (8-row atoms of 1024 bytes).
+// cuTensorMapEncodeTiled is a driver API entry point; it is looked up once through the runtime
+// (cudaGetDriverEntryPointByVersion) so the library links no libcuda and the static runtime stays
+// enough. CUDA-only header: include only from .cu files.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_utils.h"
+#include "moekit/core/status.h"
+
+namespace moekit::cuda {
+
+// cuTensorMapEncodeTiled, or nullptr when the driver lacks it (looked up once, thread-safe).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Tensor map of a row-major [rows, cols] matrix of 2-byte elements (bf16 = true: bf16, else f16)
+// with row stride ld elements; boxes of 64 columns x box_rows rows, 128-byte swizzle. Reads past
+// the matrix (rows >= rows) land as zeros. Requires: base 16-byte aligned, ld % 8 == 0.
+inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, bool bf16, uint64_t rows, uint64_t cols,
+                                   uint64_t ld, uint32_t box_rows, const char* what) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (enc == nullptr) return BackendError(what, ": the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * 2};
+  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                         const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return BackendError(what, ": cuTensorMapEncodeTiled failed (CUresult ", int(r), ") for [", rows, ", ", cols,
+                        "] ld ", ld);
+  }
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,178 @@
+// The persistent, warp-specialised wgmma mainloop of fused_moe_sm90_grouped (SPEC 3.1) for 128-row M
+// tiles: C = A . B^T with A [rows, K] and B [N, K] both K-contiguous bf16 / f16, f32 accumulation,
+// 128 x 256 output tiles, operands brought in by the bulk tensor copy engine (TMA).
+//
+// CTA = 9 warps: warps 0-7 are two consumer warpgroups (warpgroup g multiplies A rows 64 g .. 64 g
+// + 63 of the tile by all 256 B rows with wgmma m64n256k16, 128 f32 accumulators per thread), warp
+// 8 is the producer (one lane issues every TMA load). The CTAs are persistent: CTA b walks the
+// work list t = b, b + gridDim.x, ... (t -> (M tile, N tile) by ws_tile below), producer and
+// consumers in lockstep over the same list. kWsStages shared-memory stages of one 64-wide K slice
+// (A 128 x 64 + B 256 x 64, 48 KiB) are handed over with mbarriers: full[s] (the producer's
+// arrive.expect_tx + the TMA's complete_tx) and empty[s] (one arrive per consumer warp once the
+// wgmma that read the stage completed). The producer runs up to kWsStages slices ahead, also into
+// the next tile while the consumers run the epilogue of this one.
+// Consumer per slice: wait full[s]; 4 x wgmma k16; commit; wait until <= 1 wgmma group is pending
+// (so the tensor pipe always has the next group queued); release the stage of the previous slice.
+// NOTE: 9 warps x 224 registers (launch bounds 288, 1) leave the consumers 224 registers without
+// setmaxnreg; the producer warp wastes its share, which costs nothing at one CTA per SM.
+// The tile layout in shared memory is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B for boxes of
+// 64 x 128 (src/cuda/tensor_map.h): 8-row atoms of 1024 bytes, 16-byte chunks XOR (row % 8), the
+// layout of wgmma_desc_sw128. Two 128-row B boxes side by side form the 256-row B tile.
+// Requirements: K % 64 == 0; the dynamic shared memory base aligned by the caller to 1024 bytes.
+// Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped: every BM = 128 case).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
+
+namespace moekit::cuda::grouped {
+
+constexpr int kWsStages = 4;                       // K slices in flight
+constexpr int kWsConsumerWarps = 8;                // two warpgroups
+constexpr int kWsThreads = 32 * (kWsConsumerWarps + 1);
+constexpr uint32_t kWsABytes = 128 * kBK * 2;      // 16 KiB
+constexpr uint32_t kWsBHalfBytes = 128 * kBK * 2;  // one 128-row B box
+constexpr uint32_t kWsStageBytes = kWsABytes + 2 * kWsBHalfBytes;  // 48 KiB
+// Dynamic shared memory: alignment slack + the stages + 2 kWsStages mbarriers.
+constexpr int kWsSmemBytes = int(kSw128AtomBytes + kWsStages * kWsStageBytes + 2 * kWsStages * 8);
+static_assert(kWsSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+// M tiles per raster group (ws_tile). NOTE: 16 measured 2% faster at Mixtral T=512 and 1-4%
+// slower at T=4096 (Mixtral, Qwen3) than 8 on the H200.
+constexpr int kWsGroupM = 8;
+
+// ---------------------------------------------------------------- mbarrier / TMA wrappers
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` of the barrier completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// Box (c0 = first column, c1 = first row) of `map` -> shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// ---------------------------------------------------------------- schedule
+// The work list: num_m used M tiles x n_tiles N tiles. Raster: groups of kWsGroupM consecutive M
+// tiles (about one expert at large T); inside a group the M tile varies fastest, so the CTAs of one
+// wave share the B (weight) tiles of a few N tiles and the A rows of a few M tiles in L2.
+__device__ __forceinline__ void ws_tile(int t, int num_m, int n_tiles, int& m, int& n) {
+  const int per_group = kWsGroupM * n_tiles;
+  const int g = t / per_group, r = t - g * per_group;
+  const int mg = min(kWsGroupM, num_m - g * kWsGroupM);
+  m = g * kWsGroupM + r % mg;
+  n = r / mg;
+}
+
+// Shared-memory addresses of stage s and its barriers; `base` is the 1024-byte aligned start.
+struct WsSmem {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t a(int s) const { return base + uint32_t(s) * kWsStageBytes; }
+  __device__ __forceinline__ uint32_t b(int s) const { return a(s) + kWsABytes; }
+  __device__ __forceinline__ uint32_t full(int s) const { return base + kWsStages * kWsStageBytes + 8u * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return full(kWsStages) + 8u * s; }
+};
+
+// One thread initialises the barriers; the caller then synchronises the CTA.
+__device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
+#pragma unroll
+  for (int s = 0; s < kWsStages; ++s) {
+    mbar_init(sm.full(s), 1);
+    mbar_init(sm.empty(s), kWsConsumerWarps);
+  }
+  mbar_init_fence();
+}
+
+// Position in the stage ring (stage index and the parity of its current phase).
+struct WsRing {
+  int s = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++s == kWsStages) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Producer (one thread): K slices of A rows [row0, row0 + 128) and of the two 128-row B boxes at
+// b_row0 / b_row1, for one tile, into the ring.
+__device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
+                                                const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
+    const uint32_t full = sm.full(ring.s);
+    mbar_arrive_expect_tx(full, kWsStageBytes);
+    tma_load_2d(sm.a(ring.s), ma, kt * kBK, row0, full);
+    tma_load_2d(sm.b(ring.s), mb, kt * kBK, b_row0, full);
+    tma_load_2d(sm.b(ring.s) + kWsBHalfBytes, mb, kt * kBK, b_row1, full);
+    ring.next();
+  }
+}
+
+// Consumer warpgroup wg (0 or 1): acc = A rows 64 wg .. 64 wg + 63 of the tile . B^T over KT slices.
+// NOTE: a warpgroup whose 64 rows are all padding still multiplies them: letting it skip its wgmma
+// measured slower on the H200 (Mixtral T=4096 5280-5302 vs 5030-5034 us, Qwen3 T=4096 871-872 vs
+// 826-827 us, interleaved runs of the two builds, docs/PERF.md).
+template <class TT>
+__device__ __forceinline__ void ws_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, AccW& acc) {
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t a_off = uint32_t(wg) * 64 * kBK * 2;
+#pragma unroll
+  for (int j = 0; j < kWgNT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
+  int prev = -1;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.full(ring.s), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      // +32 bytes per k16 step = +2 in the start-address field (see fused_moe_sm90_grouped_desc.h).
+      WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the group of slice kt - 1 completed: its stage can be refilled
+    fence_acc(acc);
+    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+    prev = ring.s;
+    ring.next();
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+}
+
+}  // namespace moekit::cuda::grouped
