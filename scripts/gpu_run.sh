@@ -2,7 +2,8 @@
 # Runs the whole CUDA validation and benchmark on the GPU machine, from the repository root, with
 # the binaries staged by scripts/gpu_build.sh in .gpu/. Writes logs, JSON and a CSV to $OUT
 # (default out/): summary.txt first. Each step has its own time limit so a hang cannot eat the run.
-#   STEPS="tests check sanitize bench" (default: all)   BENCH_TOKENS=1,8,64,512,4096
+#   STEPS="tests check sanitize bench ep" (default: all)   BENCH_TOKENS=1,8,64,512,4096
+# The ep step (expert parallelism over NCCL) runs on machines with >= 2 GPUs and says so otherwise.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -10,7 +11,12 @@ mkdir -p "$OUT"
 B=.gpu
 export MOEKIT_TEST_DATA_DIR=$PWD/tests/data
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-STEPS=${STEPS:-"tests check sanitize bench"}
+# libnccl: the toolkit's, else the one PyTorch's nvidia-nccl wheel ships.
+NCCL_WHEEL=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+[ -n "$NCCL_WHEEL" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCL_WHEEL
+# NVLink multicast stays off on these shared hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+STEPS=${STEPS:-"tests check sanitize bench ep"}
 TOKENS=${BENCH_TOKENS:-1,8,64,512,4096}
 S="$OUT/summary.txt"
 : > "$S"
@@ -76,5 +82,21 @@ with open(os.path.join(out, "bench.csv"), "w", newline="") as fh:
 for r in rows:
     print(" ".join(f"{k}={r.get(k)}" for k in keys))
 PY
+fi
+if has ep; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  if [ "$ngpu" -lt 2 ]; then
+    say "ep: skipped ($ngpu GPU)"
+  else
+    timeout 300 $B/moekit_tests --gtest_filter='Ep.*' > "$OUT/ep_tests.log" 2>&1
+    say "ep tests rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/ep_tests.log" | tr '\n' ' ')"
+    for w in 2 4 8; do
+      [ "$w" -gt "$ngpu" ] && break
+      timeout ${EP_BENCH_LIMIT:-200} $B/moekit bench --op fused_moe --ep $w --model deepseek-v3 --full \
+        --tokens ${EP_TOKENS:-128,1024,4096} > "$OUT/bench_ep$w.txt" 2>&1
+      say "bench ep=$w rc=$?"
+      cat "$OUT/bench_ep$w.txt" | tee -a "$S"
+    done
+  fi
 fi
 say "# done $(date -u +%FT%TZ)"

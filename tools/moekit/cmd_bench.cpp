@@ -282,6 +282,7 @@ nlohmann::json to_json(const Row& r) {
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
+  if (!a.ep.empty()) return run_bench_ep(a);
   std::vector<OpKind> ops;
   std::vector<Backend> backends;
   bool explicit_backend = false;

@@ -58,6 +58,7 @@ struct BenchArgs {
   std::string peak_gbps;        // --peak-gbps X: overrides the measured memory bandwidth
   std::string peak_gflops;      // --peak-gflops Y: overrides the measured arithmetic rate
   std::string compare;          // --compare BACKEND: also time that backend's kernel on each problem
+  std::string ep;               // --ep N: the expert-parallel step over N GPUs (cmd_bench_ep.cpp)
   bool json = false;
 };
 
@@ -99,5 +100,6 @@ int report_error(const char* cmd, const Status& s);
 int run_ops(const OpsArgs& args);
 int run_check(const CheckArgs& args);
 int run_bench(const BenchArgs& args);
+int run_bench_ep(const BenchArgs& args);  // run_bench with --ep given
 
 }  // namespace moekit::cli

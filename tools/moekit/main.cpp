@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--compare", bench.compare,
                         "Also time the kernel of this backend (e.g. ref) on each problem: compare_us, speedup")
       ->type_name("BACKEND");
+  bench_cmd->add_option("--ep", bench.ep,
+                        "Expert parallelism over the first N GPUs (NCCL): per-phase times, tokens per rank")
+      ->type_name("N");
   bench_cmd->add_flag("--json", bench.json, "Print a JSON array of rows instead of the table");
 
   try {
