@@ -348,7 +348,7 @@ TEST(FusedMoeSm90Grouped, AllTokensToOneExpert128RowMTiles) {
   expect_matches_ref(prob);
 }
 
-// The wgmma mainloop (BM = 128, fused_moe_sm90_grouped_wgmma.cuh) in f16, g1u1 and g1u0, with a
+// The BM = 128 kernels (TMA + wgmma, fused_moe_sm90_grouped_tma.cuh) in f16, g1u1 and g1u0, with a
 // partial last N tile in both GEMMs (I = 320: gemm1 N tile 2 holds 64 of 128 columns; H = 192).
 TEST(FusedMoeSm90Grouped, F16With128RowMTiles) {
   REQUIRE_CUDA();
@@ -367,6 +367,28 @@ TEST(FusedMoeSm90Grouped, LongKLoops128RowMTiles) {
   REQUIRE_CUDA();
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(200 * 2, 3) == 128, "covers the BM = 128 tiles");
   MoeProblem prob = make(small_shape(Scheme::bf16, 200, 3, 2, 1024, 256));
+  expect_matches_ref(prob);
+}
+
+// The persistent TMA kernels (BM = 128) with the router weight on the input (the epilogue reads w
+// through row_entry) and with remote experts skipped by an expert map (tiles only for local ones;
+// more work items than CTAs would be needed on a small GPU, and several per CTA here).
+TEST(FusedMoeSm90Grouped, WeightOnInput128RowMTiles) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(600, 4) == 128, "covers the BM = 128 tiles");
+  MoeShape s = small_shape(Scheme::bf16, 600, 4, 1, 256, 384);
+  s.weight_on_input = true;
+  MoeProblem prob = make(s);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90Grouped, ExpertMap128RowMTiles) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(500 * 2, 8) == 128, "covers the BM = 128 tiles");
+  MoeProblemOptions o;
+  o.local_experts = 3;
+  o.ep = ExpertParallel::map;
+  MoeProblem prob = make(small_shape(Scheme::bf16, 500, 8, 2, 128, 256), o);
   expect_matches_ref(prob);
 }
 
