@@ -96,6 +96,10 @@ if has ep; then
         --tokens ${EP_TOKENS:-128,1024,4096} > "$OUT/bench_ep$w.txt" 2>&1
       say "bench ep=$w rc=$?"
       cat "$OUT/bench_ep$w.txt" | tee -a "$S"
+      timeout ${EP_BENCH_LIMIT:-200} $B/moekit bench --op fused_moe --ep $w --fp8-dispatch --model deepseek-v3 --full \
+        --tokens ${EP_TOKENS:-128,1024,4096} > "$OUT/bench_ep${w}_fp8.txt" 2>&1
+      say "bench ep=$w fp8-dispatch rc=$?"
+      cat "$OUT/bench_ep${w}_fp8.txt" | tee -a "$S"
     done
   fi
 fi

@@ -81,20 +81,43 @@ TEST(Ep, PlanErrorsNameTheValue) {
   EXPECT_NE(st.message().find("got 8"), std::string::npos) << st.message();
 }
 
-// One EP problem: per-rank token counts and a routing generator; the full weights on the host.
+// fp8 per-row weights of w ([E, N, K] bf16): codes e4m3fn(v / s) with s = amax(row) / 448.
+void quantize_rows(const Buffer& w, Buffer* q, Buffer* scale) {
+  const int64_t E = w.view.shape[0], N = w.view.shape[1], K = w.view.shape[2];
+  *q = Buffer(DType::fp8_e4m3fn, {E, N, K});
+  *scale = Buffer(DType::f32, {E, N});
+  for (int64_t r = 0; r < E * N; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < K; ++c) amax = std::max(amax, std::fabs(w.get(r * K + c)));
+    const float sc = amax > 0 ? amax / 448.0f : 1.0f;
+    scale->set(r, sc);
+    for (int64_t c = 0; c < K; ++c) q->set(r * K + c, w.get(r * K + c) / sc);
+  }
+}
+
+// One EP problem: per-rank token counts and a routing generator; the full weights on the host
+// (bf16, or fp8 per-row codes + scales when fp8_weights).
 struct Problem {
   int world, Eg, k;
   int64_t H = 64, I = 32;
   std::vector<int64_t> tokens;
-  Buffer w1, w2;                                  // all experts
+  bool fp8_weights = false;
+  Buffer w1, w2, w1s, w2s;                        // all experts (w1s / w2s: fp8 only)
   std::vector<Buffer> x, ids, wts, out;           // per rank
-  Problem(int world_, int Eg_, int k_, std::vector<int64_t> t, bool skew, uint64_t seed)
-      : world(world_), Eg(Eg_), k(k_), tokens(std::move(t)) {
+  Problem(int world_, int Eg_, int k_, std::vector<int64_t> t, bool skew, uint64_t seed, bool fp8 = false)
+      : world(world_), Eg(Eg_), k(k_), tokens(std::move(t)), fp8_weights(fp8) {
     Rng rng(seed);
     w1 = Buffer(DType::bf16, {Eg, 2 * I, H});
     w2 = Buffer(DType::bf16, {Eg, H, I});
     rng.fill_normal(w1, 0.1f);
     rng.fill_normal(w2, 0.1f);
+    if (fp8_weights) {
+      Buffer q1, q2;
+      quantize_rows(w1, &q1, &w1s);
+      quantize_rows(w2, &q2, &w2s);
+      w1 = std::move(q1);
+      w2 = std::move(q2);
+    }
     for (int r = 0; r < world; ++r) {
       const int64_t T = tokens[size_t(r)];
       x.emplace_back(DType::bf16, std::initializer_list<int64_t>{T, H});
@@ -112,10 +135,11 @@ struct Problem {
   }
   // The experts of rank r: a view into the full weights.
   TensorView w_of(const Buffer& w, int r) const {
+    if (w.bytes.empty()) return TensorView{};
     TensorView v = w.view;
     const int64_t e = Eg / world;
     v.shape[0] = e;
-    v.data = const_cast<unsigned char*>(w.bytes.data()) + size_t(r * e) * size_t(v.stride[0]) * 2;
+    v.data = const_cast<unsigned char*>(w.bytes.data()) + size_t(r * e) * size_t(v.stride[0]) * dtype_size(v.dtype);
     return v;
   }
   // Single-device reference: fused_moe over all tokens of all ranks with all experts (host).
@@ -135,6 +159,10 @@ struct Problem {
     p.x = ax.view;
     p.w1 = w1.view;
     p.w2 = w2.view;
+    if (fp8_weights) {
+      p.w1_scale = w1s.view;
+      p.w2_scale = w2s.view;
+    }
     p.topk_ids = ai.view;
     p.topk_weights = aw.view;
     p.out = ao.view;
@@ -146,16 +174,41 @@ struct Problem {
   std::vector<ep::RankInputs> host_ranks() {
     std::vector<ep::RankInputs> rs;
     for (int r = 0; r < world; ++r) {
-      rs.push_back({x[size_t(r)].view, ids[size_t(r)].view, wts[size_t(r)].view, w_of(w1, r), w_of(w2, r),
-                    out[size_t(r)].view});
+      ep::RankInputs q;
+      q.x = x[size_t(r)].view;
+      q.topk_ids = ids[size_t(r)].view;
+      q.topk_weights = wts[size_t(r)].view;
+      q.w1 = w_of(w1, r);
+      q.w2 = w_of(w2, r);
+      q.out = out[size_t(r)].view;
+      q.w1_scale = w_of(w1s, r);
+      q.w2_scale = w_of(w2s, r);
+      rs.push_back(q);
     }
     return rs;
   }
 };
 
 // EP outputs (per rank, concatenated) vs the single-device result: bf16 tolerance (one extra
-// rounding of each partial row).
-void expect_close(const Problem& pb, const std::vector<std::vector<float>>& got, const std::vector<float>& want) {
+// rounding of each partial row); with fp8_dispatch the relative RMS error instead (x rows pass
+// through e4m3fn: ~2^-4 relative per element, averaged over H in the GEMMs).
+void expect_close(const Problem& pb, const std::vector<std::vector<float>>& got, const std::vector<float>& want,
+                  bool fp8_dispatch = false) {
+  if (fp8_dispatch) {
+    double num = 0, den = 0;
+    int64_t at = 0;
+    for (int r = 0; r < pb.world; ++r) {
+      for (int64_t i = 0; i < pb.tokens[size_t(r)] * pb.H; ++i) {
+        const double w = want[size_t(at + i)], g = got[size_t(r)][size_t(i)];
+        ASSERT_TRUE(std::isfinite(g)) << "rank " << r << " element " << i;
+        num += (g - w) * (g - w);
+        den += w * w;
+      }
+      at += pb.tokens[size_t(r)] * pb.H;
+    }
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 0.05);
+    return;
+  }
   float amax = 0;
   for (float v : want) amax = std::max(amax, std::fabs(v));
   int64_t at = 0;
@@ -168,19 +221,25 @@ void expect_close(const Problem& pb, const std::vector<std::vector<float>>& got,
   }
 }
 
-void run_simulation(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed) {
-  Problem pb(world, 16, 4, std::move(tokens), skew, seed);
+void run_simulation(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed, bool fp8_weights = false,
+                    bool fp8_dispatch = false) {
+  Problem pb(world, 16, 4, std::move(tokens), skew, seed, fp8_weights);
   const auto want = pb.single();
-  ASSERT_TRUE(ep::simulate_host(pb.host_ranks(), pb.Eg).ok());
+  ep::Options o;
+  o.fp8_dispatch = fp8_dispatch;
+  const Status st = ep::simulate_host(pb.host_ranks(), pb.Eg, o);
+  ASSERT_TRUE(st.ok()) << st.message();
   std::vector<std::vector<float>> got;
   for (int r = 0; r < world; ++r) {
     got.emplace_back();
     for (int64_t i = 0; i < pb.tokens[size_t(r)] * pb.H; ++i) got.back().push_back(pb.out[size_t(r)].get(i));
   }
-  expect_close(pb, got, want);
+  expect_close(pb, got, want, fp8_dispatch);
 }
 
 TEST(Ep, SimulateTwoRanksEqualsSingle) { run_simulation(2, {7, 13}, false, 1); }
+TEST(Ep, SimulateFp8PerRowWeightsFourRanks) { run_simulation(4, {9, 0, 21, 4}, false, 9, /*fp8_weights=*/true); }
+TEST(Ep, SimulateFp8Dispatch) { run_simulation(2, {12, 30}, false, 10, false, /*fp8_dispatch=*/true); }
 TEST(Ep, SimulateFourRanksUnevenWithEmptyRank) { run_simulation(4, {9, 0, 33, 2}, false, 2); }
 TEST(Ep, SimulateRanksThatReceiveNothing) { run_simulation(4, {5, 6, 7, 8}, true, 3); }
 
@@ -199,7 +258,7 @@ TEST(Ep, ValidateNamesRankAndArgument) {
 
 #ifdef MOEKIT_WITH_CUDA
 // The NCCL runner on `world` GPUs vs the single-device (host) result.
-void run_nccl(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed) {
+void run_nccl(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed, bool fp8_dispatch = false) {
   int n = 0;
   if (!ep::nccl_available()) GTEST_SKIP() << "built without the NCCL runner";
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < world) GTEST_SKIP() << "needs " << world << " GPUs, has " << n;
@@ -211,6 +270,7 @@ void run_nccl(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed) 
   ASSERT_TRUE(ep::create_group(devs, &group).ok());
   std::vector<void*> allocs;
   auto up = [&](const TensorView& h, int dev) {
+    if (!h.present()) return h;
     TensorView d = h;
     cudaSetDevice(dev);
     void* p = nullptr;
@@ -225,11 +285,19 @@ void run_nccl(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed) 
   auto hr = pb.host_ranks();
   std::vector<ep::RankInputs> dr;
   for (int r = 0; r < world; ++r) {
-    dr.push_back({up(hr[r].x, r), up(hr[r].topk_ids, r), up(hr[r].topk_weights, r), up(hr[r].w1, r), up(hr[r].w2, r),
-                  up(hr[r].out, r)});
+    ep::RankInputs q;
+    q.x = up(hr[r].x, r);
+    q.topk_ids = up(hr[r].topk_ids, r);
+    q.topk_weights = up(hr[r].topk_weights, r);
+    q.w1 = up(hr[r].w1, r);
+    q.w2 = up(hr[r].w2, r);
+    q.out = up(hr[r].out, r);
+    dr.push_back(q);
   }
   ep::PhaseTimes times;
-  const Status st = ep::run(*group, dr, pb.Eg, {}, &times);
+  ep::Options o;
+  o.fp8_dispatch = fp8_dispatch;
+  const Status st = ep::run(*group, dr, pb.Eg, o, &times);
   ASSERT_TRUE(st.ok()) << st.message();
   std::vector<std::vector<float>> got;
   for (int r = 0; r < world; ++r) {
@@ -239,13 +307,14 @@ void run_nccl(int world, std::vector<int64_t> tokens, bool skew, uint64_t seed) 
     for (int64_t i = 0; i < pb.tokens[size_t(r)] * pb.H; ++i) got.back().push_back(pb.out[size_t(r)].get(i));
   }
   for (void* p : allocs) cudaFree(p);
-  expect_close(pb, got, want);
+  expect_close(pb, got, want, fp8_dispatch);
 }
 
 TEST(Ep, NcclTwoRanksEqualsSingle) { run_nccl(2, {64, 17}, false, 5); }
 TEST(Ep, NcclTwoRanksOneEmpty) { run_nccl(2, {0, 40}, false, 6); }
 TEST(Ep, NcclFourRanksUneven) { run_nccl(4, {100, 0, 7, 300}, false, 7); }
 TEST(Ep, NcclFourRanksReceiveNothing) { run_nccl(4, {30, 20, 10, 5}, true, 8); }
+TEST(Ep, NcclTwoRanksFp8Dispatch) { run_nccl(2, {50, 21}, false, 11, /*fp8_dispatch=*/true); }
 #endif
 
 }  // namespace

@@ -15,8 +15,12 @@
 // registry's host fused_moe kernels) are plain C++ and run everywhere; the NCCL runner (Group,
 // run) needs the CUDA backend built with NCCL (MOEKIT_WITH_NCCL) and one GPU per rank in this
 // process.
+// Weights may be unquantized (x's dtype) or fp8 (w1_scale / w2_scale per rank and the block sizes
+// of Options, exactly as FusedMoeParams takes them). With Options::fp8_dispatch the x rows travel
+// as fp8 e4m3fn codes plus one f32 scale per row (amax / 448, the dynamic per-token scheme of SPEC
+// 5), halving the dispatch bytes of bf16; the receiver decodes them to x's dtype.
 // NOTE: v1 plans on the host: `run` copies the routing to the host (one synchronisation per step)
-// to size the all-to-all; it is therefore not CUDA-graph capturable. Unquantized weights only.
+// to size the all-to-all; it is therefore not CUDA-graph capturable.
 #pragma once
 
 #include <cstdint>
@@ -57,15 +61,25 @@ Status make_plan(int world, int Eg, int k, const std::vector<const int32_t*>& id
 
 // One rank's tensors. x [T, H], topk_ids [T, k] (global ids), topk_weights [T, k] f32, out [T, H];
 // w1 [Eg / world, N1, H] and w2 [Eg / world, H, I]: this rank's experts, local index = global id -
-// rank * Eg / world. All contiguous; x, w1, w2, out of one dtype (bf16, f16 or f32).
+// rank * Eg / world. All contiguous; x and out of one dtype (bf16, f16 or f32); w1, w2 of x's
+// dtype or both fp8_e4m3fn with their scales.
 struct RankInputs {
   TensorView x, topk_ids, topk_weights, w1, w2, out;
+  TensorView w1_scale, w2_scale;  // fp8 weights only: this rank's experts' scales (FusedMoeParams)
 };
 
 struct Options {
   Activation activation = Activation::silu;
   bool round_intermediate = true;  // as FusedMoeParams::round_intermediate
+  int scale_block_n = 0;           // fp8 block-scaled weights: as FusedMoeParams
+  int scale_block_k = 0;
+  bool fp8_dispatch = false;       // send x rows as e4m3fn + one f32 scale per row (see the top)
 };
+
+// The per-row fp8 code of x rows for fp8_dispatch (shared by the host simulation and the tests):
+// scale = amax(row) / 448 (1 when the row is all zeros), code = e4m3fn(v / scale), decoded value =
+// code * scale rounded to x's dtype.
+constexpr float kFp8DispatchMax = 448.0f;
 
 // Checks the ranks' tensors against each other and the plan's rules (shapes, dtypes, devices:
 // all host for simulate_host, all on distinct CUDA devices for run). Names rank and argument.
@@ -104,14 +118,13 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
 
 // `moekit bench --ep N`: random bf16 inputs for the shape (Eg experts split over the devices, k
 // distinct uniformly random experts per token, tokens_per_rank tokens on every rank), warmup +
-// iters steps of `run`; per-phase medians over the steps. bytes: x rows each way (dispatch rows +
-// combined rows) summed over ranks, for a bandwidth figure.
+// iters steps of `run` with opts; per-phase medians over the steps.
 struct BenchResult {
   PhaseTimes median;
-  double dispatch_bytes = 0;  // x-row bytes sent by all ranks in one dispatch (the combine moves as many)
+  double dispatch_bytes = 0;  // x-row bytes sent by all ranks in one dispatch (fp8: codes + scales)
   int iters = 0;
 };
 Status bench(const std::vector<int>& devices, int Eg, int k, int64_t H, int64_t I, int64_t tokens_per_rank, int warmup,
-             int iters, BenchResult* out);
+             int iters, const Options& opts, BenchResult* out);
 
 }  // namespace moekit::ep

@@ -2,12 +2,28 @@
 // simulate_host). Same plan, dispatch order, expert maps and combine order as the NCCL runner
 // (src/ep/ep_nccl.cu); the data moves by host copies and the experts run through the fused_moe front
 // door (the registry's host kernel). Tests: tests/test_ep.cpp (suite Ep).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "moekit/ep.h"
 
 namespace moekit::ep {
+namespace {
+
+// fp8_dispatch: row -> e4m3fn codes + scale -> decoded row (include/moekit/ep.h, kFp8DispatchMax).
+void fp8_roundtrip_row(const void* src, void* dst, DType dt, int64_t H) {
+  float amax = 0.0f;
+  for (int64_t c = 0; c < H; ++c) amax = std::max(amax, std::fabs(load_as_f32(src, dt, c)));
+  const float scale = amax > 0.0f ? amax / kFp8DispatchMax : 1.0f;
+  for (int64_t c = 0; c < H; ++c) {
+    const uint8_t code = f32_to_e4m3fn_bits(load_as_f32(src, dt, c) / scale);
+    store_from_f32(dst, dt, c, e4m3fn_bits_to_f32(code) * scale);
+  }
+}
+
+}  // namespace
 
 Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options& opts) {
   MOEKIT_RETURN_IF_ERROR(validate(ranks, Eg, /*on_device=*/false));
@@ -36,8 +52,12 @@ Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options
       const int64_t off = plan.send_offset(s, d), n = plan.count[size_t(s) * world + d];
       for (int64_t i = 0; i < n; ++i, ++at) {
         const int64_t t = plan.send_token[s][size_t(off + i)];
-        std::memcpy(rx.data() + size_t(at) * row_bytes, ranks[s].x.ptr<const unsigned char>() + size_t(t) * row_bytes,
-                    row_bytes);
+        const unsigned char* src = ranks[s].x.ptr<const unsigned char>() + size_t(t) * row_bytes;
+        if (opts.fp8_dispatch) {
+          fp8_roundtrip_row(src, rx.data() + size_t(at) * row_bytes, dt, H);
+        } else {
+          std::memcpy(rx.data() + size_t(at) * row_bytes, src, row_bytes);
+        }
         std::memcpy(rids.data() + at * k, ranks[s].topk_ids.ptr<const int32_t>() + t * k, size_t(k) * 4);
         std::memcpy(rw.data() + at * k, ranks[s].topk_weights.ptr<const float>() + t * k, size_t(k) * 4);
       }
@@ -54,6 +74,10 @@ Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options
     p.topk_weights = TensorView::contiguous(rw.data(), DType::f32, {R, k});
     p.out = TensorView::contiguous(partial[d].data(), dt, {R, H});
     p.expert_map = TensorView::contiguous(map.data(), DType::i32, {int64_t(Eg)});
+    p.w1_scale = ranks[d].w1_scale;
+    p.w2_scale = ranks[d].w2_scale;
+    p.scale_block_n = opts.scale_block_n;
+    p.scale_block_k = opts.scale_block_k;
     p.activation = opts.activation;
     p.round_intermediate = opts.round_intermediate;
     MOEKIT_RETURN_IF_ERROR(fused_moe(p));

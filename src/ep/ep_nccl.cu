@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
@@ -58,6 +59,44 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
+constexpr int kFp8Threads = 256;
+
+// fp8_dispatch pack: send row i <- x row send_token[i] as e4m3fn codes + scale = amax / 448 (1 for
+// an all-zero row), plus its id / weight rows (include/moekit/ep.h).
+template <class TT>
+__global__ void __launch_bounds__(kFp8Threads) pack_fp8_kernel(const TT* x, const int32_t* ids, const float* w,
+                                                                const int32_t* send_token, int64_t H, int k,
+                                                                uint8_t* sq, float* sscale, int32_t* sids, float* sw) {
+  __shared__ float s_red[kFp8Threads / 32];
+  const int64_t i = blockIdx.x;
+  const int64_t t = send_token[i];
+  const TT* row = x + t * H;
+  float amax = 0.0f;
+  for (int64_t c = threadIdx.x; c < H; c += kFp8Threads) amax = fmaxf(amax, fabsf(to_f(row[c])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % 32 == 0) s_red[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int j = 0; j < kFp8Threads / 32; ++j) amax = fmaxf(amax, s_red[j]);
+  const float scale = amax > 0.0f ? amax / kFp8DispatchMax : 1.0f;
+  for (int64_t c = threadIdx.x; c < H; c += kFp8Threads) sq[i * H + c] = f32_to_e4m3fn_bits(to_f(row[c]) / scale);
+  if (threadIdx.x == 0) sscale[i] = scale;
+  if (threadIdx.x < k) {
+    sids[i * k + threadIdx.x] = ids[t * k + threadIdx.x];
+    sw[i * k + threadIdx.x] = w[t * k + threadIdx.x];
+  }
+}
+
+// fp8_dispatch receive: row i of x' = code * scale rounded to x's dtype.
+template <class TT>
+__global__ void __launch_bounds__(kFp8Threads) unpack_fp8_kernel(const uint8_t* q, const float* scale, int64_t H,
+                                                                  TT* out) {
+  const int64_t i = blockIdx.x;
+  const float sc = scale[i];
+  for (int64_t c = threadIdx.x; c < H; c += kFp8Threads) out[i * H + c] = from_f<TT>(e4m3fn_bits_to_f32(q[i * H + c]) * sc);
+}
+
+
 // out[t] = round(sum over d ascending of back[combine[t * world + d]]) (f32), zero when t sent nothing.
 template <class TT>
 __global__ void combine_kernel(const TT* back, const int32_t* combine, int world, int64_t H, TT* out) {
@@ -96,6 +135,7 @@ struct RankState {
   cudaStream_t stream = nullptr;
   ncclComm_t comm = nullptr;
   DevBuf send_x, send_ids, send_w, recv_x, recv_ids, recv_w, partial, back, send_token, combine, map, ws;
+  DevBuf send_q, send_scale, recv_q, recv_scale;  // fp8_dispatch: codes + per-row scales
   cudaEvent_t ev[4] = {};
 };
 
@@ -107,7 +147,8 @@ class GroupImpl final : public Group {
       cudaSetDevice(q.device);
       if (q.comm != nullptr) ncclCommDestroy(q.comm);
       for (DevBuf* b : {&q.send_x, &q.send_ids, &q.send_w, &q.recv_x, &q.recv_ids, &q.recv_w, &q.partial, &q.back,
-                        &q.send_token, &q.combine, &q.map, &q.ws}) {
+                        &q.send_token, &q.combine, &q.map, &q.ws, &q.send_q, &q.send_scale, &q.recv_q,
+                        &q.recv_scale}) {
         if (b->p != nullptr) cudaFree(b->p);
       }
       for (cudaEvent_t e : q.ev) {
@@ -144,6 +185,41 @@ Status launch_pack(const RankInputs& in, RankState& q, int64_t rows, int64_t row
         row_bytes / 2, k, q.send_x.as<uint16_t>(), q.send_ids.as<int32_t>(), q.send_w.as<float>());
   }
   return last_launch("ep pack");
+}
+
+Status launch_pack_fp8(const RankInputs& in, RankState& q, int64_t rows, int k) {
+  if (rows == 0) return Status::Ok();
+  const int64_t H = in.x.shape[1];
+  const int32_t* st = q.send_token.as<int32_t>();
+  auto go = [&](auto* x) {
+    using TT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+    pack_fp8_kernel<TT><<<unsigned(rows), kFp8Threads, 0, q.stream>>>(
+        x, in.topk_ids.ptr<int32_t>(), in.topk_weights.ptr<float>(), st, H, k, q.send_q.as<uint8_t>(),
+        q.send_scale.as<float>(), q.send_ids.as<int32_t>(), q.send_w.as<float>());
+  };
+  switch (in.x.dtype) {
+    case DType::bf16: go(static_cast<const __nv_bfloat16*>(in.x.data)); break;
+    case DType::f16: go(static_cast<const __half*>(in.x.data)); break;
+    default: go(static_cast<const float*>(in.x.data));
+  }
+  return last_launch("ep pack_fp8");
+}
+
+Status launch_unpack_fp8(DType dt, RankState& q, int64_t rows, int64_t H) {
+  if (rows == 0) return Status::Ok();
+  const uint8_t* codes = q.recv_q.as<uint8_t>();
+  const float* sc = q.recv_scale.as<float>();
+  switch (dt) {
+    case DType::bf16:
+      unpack_fp8_kernel<<<unsigned(rows), kFp8Threads, 0, q.stream>>>(codes, sc, H, q.recv_x.as<__nv_bfloat16>());
+      break;
+    case DType::f16:
+      unpack_fp8_kernel<<<unsigned(rows), kFp8Threads, 0, q.stream>>>(codes, sc, H, q.recv_x.as<__half>());
+      break;
+    default:
+      unpack_fp8_kernel<<<unsigned(rows), kFp8Threads, 0, q.stream>>>(codes, sc, H, q.recv_x.as<float>());
+  }
+  return last_launch("ep unpack_fp8");
 }
 
 Status launch_combine(const RankInputs& in, RankState& q, int world) {
@@ -258,6 +334,12 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
     MOEKIT_RETURN_IF_ERROR(q.send_token.ensure(size_t(S * 4), "ep send_token"));
     MOEKIT_RETURN_IF_ERROR(q.combine.ensure(size_t(T * world * 4), "ep combine"));
     MOEKIT_RETURN_IF_ERROR(q.map.ensure(size_t(Eg) * 4, "ep expert_map"));
+    if (opts.fp8_dispatch) {
+      MOEKIT_RETURN_IF_ERROR(q.send_q.ensure(size_t(S * H), "ep send_q"));
+      MOEKIT_RETURN_IF_ERROR(q.send_scale.ensure(size_t(S) * 4, "ep send_scale"));
+      MOEKIT_RETURN_IF_ERROR(q.recv_q.ensure(size_t(R * H), "ep recv_q"));
+      MOEKIT_RETURN_IF_ERROR(q.recv_scale.ensure(size_t(R) * 4, "ep recv_scale"));
+    }
     std::fill(map.begin(), map.end(), -1);
     for (int e = 0; e < plan.experts_per_rank; ++e) map[size_t(r * plan.experts_per_rank + e)] = e;
     // NOTE: synchronous copies (pageable host memory): the plan is host data of this call.
@@ -279,7 +361,11 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
     RankState& q = g.r[r];
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaSetDevice(q.device), "ep run: cudaSetDevice"));
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaEventRecord(q.ev[0], q.stream), "ep run: event"));
-    MOEKIT_RETURN_IF_ERROR(launch_pack(ranks[r], q, plan.sends(r), row_bytes, int(k)));
+    if (opts.fp8_dispatch) {
+      MOEKIT_RETURN_IF_ERROR(launch_pack_fp8(ranks[r], q, plan.sends(r), int(k)));
+    } else {
+      MOEKIT_RETURN_IF_ERROR(launch_pack(ranks[r], q, plan.sends(r), row_bytes, int(k)));
+    }
   }
   const ncclDataType_t xt = nccl_type(dt);
   MOEKIT_RETURN_IF_ERROR(check_nccl(ncclGroupStart(), "ep dispatch: ncclGroupStart"));
@@ -289,7 +375,12 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
       const int64_t n = plan.count[size_t(r) * world + d];
       if (n == 0) continue;
       const int64_t off = plan.send_offset(r, d);
-      ncclSend(q.send_x.as<char>() + off * row_bytes, size_t(n * H), xt, d, q.comm, q.stream);
+      if (opts.fp8_dispatch) {
+        ncclSend(q.send_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, d, q.comm, q.stream);
+        ncclSend(q.send_scale.as<float>() + off, size_t(n), ncclFloat32, d, q.comm, q.stream);
+      } else {
+        ncclSend(q.send_x.as<char>() + off * row_bytes, size_t(n * H), xt, d, q.comm, q.stream);
+      }
       ncclSend(q.send_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, d, q.comm, q.stream);
       ncclSend(q.send_w.as<float>() + off * k, size_t(n * k), ncclFloat32, d, q.comm, q.stream);
     }
@@ -297,7 +388,12 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
       const int64_t n = plan.count[size_t(s) * world + r];
       if (n == 0) continue;
       const int64_t off = plan.recv_offset(r, s);
-      ncclRecv(q.recv_x.as<char>() + off * row_bytes, size_t(n * H), xt, s, q.comm, q.stream);
+      if (opts.fp8_dispatch) {
+        ncclRecv(q.recv_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, s, q.comm, q.stream);
+        ncclRecv(q.recv_scale.as<float>() + off, size_t(n), ncclFloat32, s, q.comm, q.stream);
+      } else {
+        ncclRecv(q.recv_x.as<char>() + off * row_bytes, size_t(n * H), xt, s, q.comm, q.stream);
+      }
       ncclRecv(q.recv_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, s, q.comm, q.stream);
       ncclRecv(q.recv_w.as<float>() + off * k, size_t(n * k), ncclFloat32, s, q.comm, q.stream);
     }
@@ -308,8 +404,9 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
   for (int r = 0; r < world; ++r) {
     RankState& q = g.r[r];
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaSetDevice(q.device), "ep run: cudaSetDevice"));
-    MOEKIT_RETURN_IF_ERROR(check_cuda(cudaEventRecord(q.ev[1], q.stream), "ep run: event"));
     const int64_t R = plan.recvs(r);
+    if (opts.fp8_dispatch) MOEKIT_RETURN_IF_ERROR(launch_unpack_fp8(dt, q, R, H));
+    MOEKIT_RETURN_IF_ERROR(check_cuda(cudaEventRecord(q.ev[1], q.stream), "ep run: event"));
     if (R > 0) {
       const int dev = q.device;
       FusedMoeParams p;
@@ -320,6 +417,10 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
       p.topk_weights = TensorView::contiguous(q.recv_w.p, DType::f32, {R, k}, Device::cuda, dev);
       p.out = TensorView::contiguous(q.partial.p, dt, {R, H}, Device::cuda, dev);
       p.expert_map = TensorView::contiguous(q.map.p, DType::i32, {int64_t(Eg)}, Device::cuda, dev);
+      p.w1_scale = ranks[r].w1_scale;
+      p.w2_scale = ranks[r].w2_scale;
+      p.scale_block_n = opts.scale_block_n;
+      p.scale_block_k = opts.scale_block_k;
       p.activation = opts.activation;
       p.round_intermediate = opts.round_intermediate;
       RunOptions ro;
@@ -375,7 +476,7 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
 }
 
 Status bench(const std::vector<int>& devices, int Eg, int k, int64_t H, int64_t I, int64_t tokens_per_rank, int warmup,
-             int iters, BenchResult* out) {
+             int iters, const Options& opts, BenchResult* out) {
   const int world = int(devices.size());
   if (world < 1 || Eg % world != 0 || k < 1 || k > Eg || tokens_per_rank < 0 || iters < 1) {
     return InvalidArgument("ep bench: bad shape (world ", world, ", Eg ", Eg, ", k ", k, ", tokens ", tokens_per_rank,
@@ -439,7 +540,7 @@ Status bench(const std::vector<int>& devices, int Eg, int k, int64_t H, int64_t 
   std::vector<PhaseTimes> samples;
   for (int i = 0; i < warmup + iters; ++i) {
     PhaseTimes pt;
-    MOEKIT_RETURN_IF_ERROR(run(*group, ranks, Eg, {}, &pt));
+    MOEKIT_RETURN_IF_ERROR(run(*group, ranks, Eg, opts, &pt));
     if (i >= warmup) samples.push_back(pt);
   }
   auto median = [&](double PhaseTimes::*m) {
@@ -468,7 +569,8 @@ Status bench(const std::vector<int>& devices, int Eg, int k, int64_t H, int64_t 
   }
   Plan plan;
   MOEKIT_RETURN_IF_ERROR(make_plan(world, Eg, k, ptrs, toks, &plan));
-  for (int r = 0; r < world; ++r) res.dispatch_bytes += double(plan.sends(r)) * double(H) * 2.0;
+  const double row_bytes = opts.fp8_dispatch ? double(H) + 4.0 : double(H) * 2.0;  // codes + scale, or bf16
+  for (int r = 0; r < world; ++r) res.dispatch_bytes += double(plan.sends(r)) * row_bytes;
   *out = res;
   return Status::Ok();
 }

@@ -14,7 +14,7 @@ Status run(Group&, const std::vector<RankInputs>&, int, const Options&, PhaseTim
   return Unsupported("ep: this build has no NCCL runner (needs the CUDA backend and NCCL at configure time)");
 }
 
-Status bench(const std::vector<int>&, int, int, int64_t, int64_t, int64_t, int, int, BenchResult*) {
+Status bench(const std::vector<int>&, int, int, int64_t, int64_t, int64_t, int, int, const Options&, BenchResult*) {
   return Unsupported("ep: this build has no NCCL runner (needs the CUDA backend and NCCL at configure time)");
 }
 

@@ -101,11 +101,15 @@ Status validate(const std::vector<RankInputs>& ranks, int Eg, bool on_device) {
     const struct {
       const TensorView* t;
       const char* name;
-      int ndim;
+      int ndim;  // 0: optional, any rank
     } all[] = {{&q.x, "x", 2}, {&q.topk_ids, "topk_ids", 2}, {&q.topk_weights, "topk_weights", 2},
-               {&q.w1, "w1", 3}, {&q.w2, "w2", 3}, {&q.out, "out", 2}};
+               {&q.w1, "w1", 3}, {&q.w2, "w2", 3}, {&q.out, "out", 2}, {&q.w1_scale, "w1_scale", 0},
+               {&q.w2_scale, "w2_scale", 0}};
     for (const auto& a : all) {
-      if (a.t->ndim != a.ndim) return InvalidArgument(at, a.name, ": must have ", a.ndim, " dims, got ", a.t->ndim);
+      if (a.ndim == 0 && !a.t->present()) continue;
+      if (a.ndim != 0 && a.t->ndim != a.ndim) {
+        return InvalidArgument(at, a.name, ": must have ", a.ndim, " dims, got ", a.t->ndim);
+      }
       if (!a.t->is_contiguous()) return InvalidArgument(at, a.name, ": must be contiguous");
       const bool dev = a.t->device == Device::cuda;
       if (dev != on_device) {
@@ -118,10 +122,16 @@ Status validate(const std::vector<RankInputs>& ranks, int Eg, bool on_device) {
       }
     }
     const int64_t T = q.x.shape[0], H = q.x.shape[1], k = q.topk_ids.shape[1];
-    if (q.x.dtype != r0.x.dtype || q.w1.dtype != r0.x.dtype || q.w2.dtype != r0.x.dtype || q.out.dtype != r0.x.dtype) {
-      return InvalidArgument(at, "x/w1/w2/out: must all be ", dtype_name(r0.x.dtype), " (rank 0's x), got ",
-                             dtype_name(q.x.dtype), "/", dtype_name(q.w1.dtype), "/", dtype_name(q.w2.dtype), "/",
-                             dtype_name(q.out.dtype));
+    if (q.x.dtype != r0.x.dtype || q.out.dtype != r0.x.dtype || q.w1.dtype != r0.w1.dtype ||
+        q.w2.dtype != r0.w1.dtype || (q.w1.dtype != q.x.dtype && q.w1.dtype != DType::fp8_e4m3fn)) {
+      return InvalidArgument(at, "x/out/w1/w2: must be ", dtype_name(r0.x.dtype), "/", dtype_name(r0.x.dtype), "/",
+                             dtype_name(r0.w1.dtype), "/", dtype_name(r0.w1.dtype),
+                             " (rank 0's; weights x's dtype or fp8_e4m3fn), got ", dtype_name(q.x.dtype), "/",
+                             dtype_name(q.out.dtype), "/", dtype_name(q.w1.dtype), "/", dtype_name(q.w2.dtype));
+    }
+    if (is_fp8(q.w1.dtype) != q.w1_scale.present() || is_fp8(q.w1.dtype) != q.w2_scale.present()) {
+      return InvalidArgument(at, "w1_scale/w2_scale: needed exactly when the weights are fp8, weights ",
+                             dtype_name(q.w1.dtype), ", scales ", q.w1_scale.present() ? "given" : "absent");
     }
     if (!is_float16ish(q.x.dtype) && q.x.dtype != DType::f32) {
       return InvalidArgument(at, "x: EP needs bf16, f16 or f32 (unquantized), got ", dtype_name(q.x.dtype));

@@ -33,19 +33,23 @@ int run_bench_ep(const BenchArgs& a) {
   for (int r = 0; r < int(world); ++r) devices.push_back(r);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
+    if (a.fp8_dispatch) std::printf("# x rows dispatched as fp8 e4m3fn + one f32 scale per row\n");
     std::printf("%-4s %-14s %8s %9s %12s %12s %12s %12s %14s\n", "ep", "shape", "tokens", "plan_ms", "dispatch_us",
                 "experts_us", "combine_us", "total_us", "dispatch_GB/s");
   }
   for (int64_t T : problems.tokens) {
     ep::BenchResult r;
-    const Status st = ep::bench(devices, int(shape.E), int(shape.k), shape.H, shape.I, T, int(warmup), int(iters), &r);
+    ep::Options opts;
+    opts.fp8_dispatch = a.fp8_dispatch;
+    const Status st =
+        ep::bench(devices, int(shape.E), int(shape.k), shape.H, shape.I, T, int(warmup), int(iters), opts, &r);
     if (!st.ok()) {
       std::fprintf(stderr, "moekit bench: --ep %d T=%lld: %s\n", int(world), static_cast<long long>(T), st.message().c_str());
       return kExitFailure;
     }
     const double gbps = r.median.dispatch_ms > 0 ? r.dispatch_bytes / (r.median.dispatch_ms * 1e6) : 0;
     if (a.json) {
-      rows.push_back({{"ep", world}, {"shape", shape.label}, {"tokens_per_rank", T}, {"plan_ms", r.median.plan_ms},
+      rows.push_back({{"ep", world}, {"fp8_dispatch", a.fp8_dispatch}, {"shape", shape.label}, {"tokens_per_rank", T}, {"plan_ms", r.median.plan_ms},
                       {"dispatch_us", r.median.dispatch_ms * 1e3}, {"experts_us", r.median.experts_ms * 1e3},
                       {"combine_us", r.median.combine_ms * 1e3}, {"total_us", r.median.total_ms * 1e3},
                       {"dispatch_bytes", r.dispatch_bytes}, {"dispatch_gbps", gbps}, {"iters", r.iters}});

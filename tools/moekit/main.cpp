@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--ep", bench.ep,
                         "Expert parallelism over the first N GPUs (NCCL): per-phase times, tokens per rank")
       ->type_name("N");
+  bench_cmd->add_flag("--fp8-dispatch", bench.fp8_dispatch, "With --ep: send x rows as fp8 e4m3fn + one scale per row");
   bench_cmd->add_flag("--json", bench.json, "Print a JSON array of rows instead of the table");
 
   try {
