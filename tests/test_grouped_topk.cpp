@@ -637,5 +637,131 @@ TEST(GroupedTopk, CudaBenchProblemRuns) {
   EXPECT_TRUE(r.ok()) << r.to_string();
 }
 
+// ------------------------------------------------------------------ CPU kernel (grouped_topk_avx512)
+// Skipped when the CPU backend is unavailable (no AVX-512). Compared with grouped_topk_ref: ids
+// exactly, weights within kWeightAtol / kWeightRtol.
+namespace cpu_cases {
+
+Buffer random_bias(uint64_t seed, int64_t E) {
+  Rng rng(seed);
+  return testing::random_bias(rng, E);
+}
+
+// One problem (configuration `cfg`, its bias if any) on the CPU kernel and on the ref.
+void expect_cpu_matches_ref(const Buffer& gating, const GroupedTopkParams& cfg, const Buffer* bias,
+                            const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, cfg.k, cfg.n_group, cfg.topk_group, cfg.scoring, bias, cfg.renormalize, cfg.routed_scaling_factor);
+  Call got(gating, cfg.k, cfg.n_group, cfg.topk_group, cfg.scoring, bias, cfg.renormalize, cfg.routed_scaling_factor);
+  routing_test::expect_kernel_matches_ref(got, want, "grouped_topk_avx512", "grouped_topk_ref", grouped_topk);
+}
+
+TEST(GroupedTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("grouped_topk_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("grouped_topk_ref")->priority);
+  const Buffer bias = random_bias(1, 8);
+  Buffer g = certified_logits(3, 2, 8, config(2, 4, 2, Scoring::sigmoid, &bias), DType::f32);
+  Call c(g, 2, 4, 2, Scoring::sigmoid, &bias);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  c.p.correction_bias.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("correction_bias"), std::string::npos) << s.message();
+}
+
+TEST(GroupedTopk, CpuEdgeCasesMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "deepseek-v3";
+  req.tokens = {1, 7, 64};
+  routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, "edge cases");
+}
+
+// T not a multiple of the thread split, E and group sizes not multiples of the 16-lane vector (or
+// powers of two), both scorings with and without bias, and problems big enough for every thread.
+TEST(GroupedTopk, CpuThreadSplitAndVectorTailsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  struct Shape {
+    int64_t T, E;
+    int k, n_group, topk_group;
+    Scoring scoring;
+    bool bias;
+  };
+  const Scoring sg = Scoring::sigmoid, sm = Scoring::softmax;
+  const Shape shapes[] = {{1031, 256, 8, 8, 4, sg, true},  {517, 60, 6, 4, 3, sm, true}, {333, 96, 5, 3, 2, sg, false},
+                          {97, 6, 3, 3, 2, sg, true},      {7, 257, 4, 1, 1, sm, false}, {2049, 18, 2, 9, 2, sm, false},
+                          {64, 40, 20, 5, 5, sg, true}};
+  int n = 0;
+  for (const Shape& s : shapes) {
+    const Buffer bias = random_bias(uint64_t(60 + n), s.E);
+    GroupedTopkParams cfg = config(s.k, s.n_group, s.topk_group, s.scoring, s.bias ? &bias : nullptr);
+    cfg.renormalize = n % 2 == 0;
+    cfg.routed_scaling_factor = n % 3 == 0 ? 2.5f : 1.0f;
+    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
+    const Buffer g = certified_logits(uint64_t(50 + n), s.T, s.E, cfg, dt);
+    expect_cpu_matches_ref(g, cfg, s.bias ? &bias : nullptr,
+                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
+    ++n;
+  }
+}
+
+// Non-finite logits, an infinite bias, and logits on a 1/4 grid (exact ties): only the tie rules
+// decide, so the ids must equal the ref's exactly.
+TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  int n = 0;
+  for (int64_t Eg : {8, 60, 256}) {
+    for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
+      for (bool with_bias : {false, true}) {
+        Buffer bias = random_bias(uint64_t(300 + n), Eg);
+        if (n % 4 == 3) bias.set(1, kInf);
+        const int n_group = Eg == 60 ? 4 : 8 > Eg ? int(Eg) : 8;
+        GroupedTopkParams cfg = config(4, n_group, std::max(1, n_group / 2), sc, with_bias ? &bias : nullptr);
+        cfg.renormalize = n % 2 == 0;
+        const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+        const int64_t T = Eg == 256 && n % 4 == 1 ? 1031 : 97;  // some problems large enough for every thread
+        const Buffer g = routing_test::nonfinite_logits(uint64_t(400 + n), T, Eg, dt);
+        expect_cpu_matches_ref(g, cfg, with_bias ? &bias : nullptr, "Eg=" + std::to_string(Eg) + " n=" + std::to_string(n));
+        ++n;
+      }
+    }
+  }
+}
+
+// A big call equals itself run to run (fixed partition; no dependence on scheduling).
+TEST(GroupedTopk, CpuIsDeterministicRunToRun) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const Buffer bias = random_bias(9, 256);
+  GroupedTopkParams cfg = config(8, 8, 4, Scoring::sigmoid, &bias);
+  const Buffer g = certified_logits(78, 1500, 256, cfg, DType::bf16);
+  RunOptions opts;
+  opts.kernel = "grouped_topk_avx512";
+  Call a(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f), b(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
+  ASSERT_TRUE(grouped_topk(a.p, opts).ok());
+  ASSERT_TRUE(grouped_topk(b.p, opts).ok());
+  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+}
+
+TEST(GroupedTopk, CpuPresetsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 63, 600};
+    routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, model);
+  }
+}
+
+}  // namespace cpu_cases
+
 }  // namespace
 }  // namespace moekit
