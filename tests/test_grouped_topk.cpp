@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_simd.h"
 #include "moekit/ops/routing.h"
+#include "ref/ref_topk.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
@@ -731,6 +734,57 @@ TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
       }
     }
   }
+}
+
+// Biased scores a few ulps apart (identical logits, biases 1e-7 apart, also across groups): too
+// close for the fast path's error bound, so the kernel must take the exact path and still give
+// the reference's ids.
+TEST(GroupedTopk, CpuNearTiesTakeTheExactPath) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int64_t T = 40, E = 64;
+  Buffer g(DType::f32, {T, E});
+  Rng rng(12);
+  for (int64_t t = 0; t < T; ++t) {
+    const float base = rng.uniform(-1.0f, 1.0f);
+    for (int64_t e = 0; e < E; ++e) g.set(t * E + e, t % 2 ? base : base + float(e % 3) * 1e-6f);
+  }
+  Buffer bias(DType::f32, {E});
+  for (int64_t e = 0; e < E; ++e) bias.set(e, float((e * 37) % E) * 1e-7f);
+  for (int k : {1, 4, 8}) {
+    GroupedTopkParams cfg = config(k, 8, 4, Scoring::sigmoid, &bias);
+    cfg.renormalize = true;
+    expect_cpu_matches_ref(g, cfg, &bias, "k=" + std::to_string(k));
+  }
+}
+
+// The vector sigmoid of the fast path against ref::sigmoid_f32 on about a million f32 bit patterns:
+// the error bound the fast path's certification assumes, |s' - s| <= 2 * kExpRelErr * s (+ 1e-30
+// where exp underflows).
+MOEKIT_CPU_AVX512 void sigmoid_approx_16(const float* x, float* out) {
+  _mm512_storeu_ps(out, cpu::simd::sigmoid_approx(_mm512_loadu_ps(x)));
+}
+
+TEST(GroupedTopk, CpuVectorSigmoidMeetsItsErrorBound) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  double worst = 0;
+  alignas(64) float x[16], y[16];
+  int n = 0;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) {
+    const uint32_t bits = uint32_t(u);
+    std::memcpy(&x[n++], &bits, 4);
+    if (n < 16) continue;
+    n = 0;
+    sigmoid_approx_16(x, y);
+    for (int i = 0; i < 16; ++i) {
+      const double want = ref::sigmoid_f32(x[i]);
+      const double err = std::fabs(double(y[i]) - want);
+      ASSERT_LE(err, 2.0 * cpu::simd::kExpRelErr * want + 1e-30) << "x=" << x[i] << " got " << y[i] << " want " << want;
+      if (want > 1e-30) worst = std::max(worst, err / want);
+    }
+  }
+  RecordProperty("worst_relative_error", std::to_string(worst));
 }
 
 // A big call equals itself run to run (fixed partition; no dependence on scheduling).

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_simd.h"
 #include "moekit/ops/routing.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
@@ -633,6 +635,40 @@ TEST(TopkSoftmax, CpuCollapsedProbabilitiesFollowTheRefTieRule) {
   });
   for (int k : {1, 3, 5, 8}) {
     for (bool renormalize : {false, true}) expect_cpu_matches_ref(g, k, renormalize, "k=" + std::to_string(k));
+  }
+  // Random rows drawn from a few values that collide after exp (and a few that do not).
+  const float pool[] = {0.25f, below, two_below, std::nextafter(two_below, 0.0f), -1.0f, -100.0f, -103.9f, -104.0f,
+                        -150.0f, -routing_test::kInf, 3.0f, std::nextafter(3.0f, 0.0f)};
+  Rng rng(99);
+  Buffer r(DType::f32, {301, 24});
+  for (int64_t i = 0; i < r.numel(); ++i) r.set(i, pool[rng.integer(0, 9 + (i % 7 == 0 ? 2 : 0))]);
+  for (int k : {1, 2, 4, 7, 24}) expect_cpu_matches_ref(r, k, k % 2 == 0, "pool k=" + std::to_string(k));
+}
+
+// The vector exp that feeds the fast path's softmax sum, against libm on the inputs it gets
+// (x - max <= 0): relative error <= kExpRelErr where the result is a normal float.
+MOEKIT_CPU_AVX512 void exp_approx_16(const float* x, float* out) {
+  _mm512_storeu_ps(out, cpu::simd::exp_approx(_mm512_loadu_ps(x)));
+}
+
+TEST(TopkSoftmax, CpuVectorExpMeetsItsErrorBound) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  alignas(64) float x[16], y[16];
+  int n = 0;
+  for (uint32_t u = 0x80000000u; u < 0xFF800001u && u >= 0x80000000u; u += 1021) {  // -0 .. -inf
+    std::memcpy(&x[n++], &u, 4);
+    if (n < 16) continue;
+    n = 0;
+    exp_approx_16(x, y);
+    for (int i = 0; i < 16; ++i) {
+      const double want = std::exp(double(x[i]));
+      if (want < 1.2e-38) {
+        ASSERT_LE(y[i], 1.2e-38f) << "x=" << x[i];
+        continue;
+      }
+      ASSERT_LE(std::fabs(double(y[i]) - want), cpu::simd::kExpRelErr * want) << "x=" << x[i] << " got " << y[i];
+    }
   }
 }
 

@@ -10,10 +10,11 @@
 #pragma once
 
 // NOTE: GCC 12's AVX-512 intrinsics start many results from _mm512_undefined_*(), which trips a false
-// -Wmaybe-uninitialized inside the header once inlined; the warning is silenced for the header's own
-// lines only (this must be the translation unit's first include of it).
+// -Wmaybe-uninitialized (or -Wuninitialized) inside the header once inlined; the warnings are
+// silenced for the header's own lines only (this must be the translation unit's first include of it).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
@@ -57,6 +58,15 @@ MOEKIT_CPU_AVX512 inline __m512 load_f32(const void* p, DType d, int64_t i, __mm
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, _mm512_maskz_cvtepu16_epi32(m, h), 16));  // bf16
 }
 
+// Sum of the 16 lanes in a fixed order (deterministic; not the reference's element order).
+MOEKIT_CPU_AVX512 inline float reduce_add(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+
 // Largest lane (exact, so the order does not matter).
 MOEKIT_CPU_AVX512 inline float reduce_max(__m512 v) {
   alignas(64) float t[16];
@@ -83,6 +93,44 @@ MOEKIT_CPU_AVX512 inline float load_clean_row(const void* p, DType d, int64_t ro
     mx = _mm512_mask_max_ps(mx, m, mx, v);
   }
   return reduce_max(mx);
+}
+
+// exp(x) per lane, within about 2 ulp of the exact value (not bit-identical to libm: callers use it
+// where a tolerance applies, or only with an error bound, see kExpRelErr). x <= -87.5 (and -inf)
+// gives 0, x >= 88.5 gives 2^127.5-ish large finite values (callers pass x <= 0); NaN stays NaN.
+// exp(x) = 2^n * e^r with n = round(x / ln2), r = x - n*ln2 in [-ln2/2, ln2/2] (two-part ln2, so r
+// is accurate), e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative).
+constexpr float kExpRelErr = 1e-6f;  // documented bound used for certification (measured: < 3e-7)
+MOEKIT_CPU_AVX512 inline __m512 exp_approx(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.5f), _CMP_LE_OQ);
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.5f)), _mm512_set1_ps(88.5f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);  // ln2 high part (exact n*hi)
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);     // ln2 low part
+  __m512 y = _mm512_set1_ps(1.0f / 5040.0f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 720.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 120.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 24.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 6.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+  const __m512 e = _mm512_scalef_ps(y, n);
+  return _mm512_mask_mov_ps(_mm512_mask_mov_ps(e, underflow, _mm512_setzero_ps()),
+                            _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+// sigmoid(x) per lane within kExpRelErr (relative) of the exact value; -inf -> 0, +inf -> 1, and
+// NaN -> 0 like ref::sigmoid_f32. Only exp of -|x| is taken (no overflow): 1 / (1 + e) for x >= 0,
+// e / (1 + e) below.
+MOEKIT_CPU_AVX512 inline __m512 sigmoid_approx(__m512 x) {
+  const __m512 neg_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+  const __m512 e = exp_approx(neg_abs);
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+  const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+  const __m512 s = _mm512_div_ps(_mm512_mask_mov_ps(e, pos, _mm512_set1_ps(1.0f)), d);
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_setzero_ps());
 }
 
 // Encodes 16 floats as fp8 codes (one per 32-bit lane), bit-identical to f32_to_e4m3fn_bits /

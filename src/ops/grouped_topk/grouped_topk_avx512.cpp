@@ -12,10 +12,14 @@
 //   5. weights = s of the picks, renormalized (unless their sum is 0), times rsf.
 // Rows are split over the thread pool in fixed contiguous ranges: deterministic.
 //
-// NOTE: the scores use libm's scalar std::exp exactly as the reference does (softmax: element-order
-// sum; sigmoid: ref::sigmoid_f32), so s and b are bit-identical to grouped_topk_ref. The biased
-// selection is not monotone in the logits, so this is what makes the ids match the reference
-// EXACTLY on every input; the vector work is the loads, the bias, the divide and the selections.
+// Two paths per row, both giving the reference's ids EXACTLY (the biased selection is not monotone
+// in the logits, so the scores themselves decide):
+//   - fast (sigmoid scoring, finite bias; almost every row): a vector sigmoid with a known error
+//     bound, and every selection decision certified to exceed that bound (fast_row()); the picks'
+//     weights then use the reference's scalar sigmoid, so the row is bit-identical to the ref;
+//   - exact (softmax scoring, infinite bias, and rows whose decisions are too close to call):
+//     libm expf exactly as the reference (softmax: element-order sum), so s and b are
+//     bit-identical and the same selection reproduces its ids and weights.
 // Test: tests/test_grouped_topk.cpp (Cpu* cases) and every case of src/testing/check_routing.cpp
 // (this kernel against grouped_topk_ref).
 #include <algorithm>
@@ -45,87 +49,146 @@ Status supports(const GroupedTopkParams& p) {
 
 // Per-thread row scratch.
 struct RowScratch {
-  std::vector<float> s, b;             // [Eg] scores, biased selection scores
+  std::vector<float> x, s, b;          // [Eg] cleaned logits, scores, biased selection scores
   std::vector<float> group_score;      // [n_group]
-  std::vector<float> best;             // [max(k, topk_group)] selection values
-  std::vector<int> ids, kept;          // [k] expert picks, [topk_group] kept groups
+  std::vector<float> best;             // [max(k, topk_group) + 1] selection values
+  std::vector<int> ids, kept;          // [k + 1] expert picks, [topk_group + 1] kept groups
   explicit RowScratch(const GroupedTopkParams& p)
-      : s(static_cast<size_t>(p.gating.shape[1])),
+      : x(static_cast<size_t>(p.gating.shape[1])),
+        s(static_cast<size_t>(p.gating.shape[1])),
         b(static_cast<size_t>(p.gating.shape[1])),
         group_score(static_cast<size_t>(p.n_group)),
-        best(static_cast<size_t>(std::max(p.k, p.topk_group))),
-        ids(static_cast<size_t>(p.k)),
-        kept(static_cast<size_t>(p.topk_group)) {}
+        best(static_cast<size_t>(std::max(p.k, p.topk_group)) + 1),
+        ids(static_cast<size_t>(p.k) + 1),
+        kept(static_cast<size_t>(p.topk_group) + 1) {}
 };
 
-// s = scoring(row), bit-identical to the reference.
-MOEKIT_CPU_AVX512 void scores(const GroupedTopkParams& p, int64_t row, int64_t Eg, float* s) {
+// Group scores of b: the top-2 sum with a bias (G >= 2), else the maximum; a NaN score (+inf + -inf
+// from an infinite bias) ranks like -inf, as in the reference.
+void group_scores(const float* b, int64_t n_group, int64_t G, bool top2, float* out) {
+  for (int64_t g = 0; g < n_group; ++g) {
+    const float* bg = b + g * G;
+    float m1 = bg[0], m2 = ref::kNegInf;  // the two largest of the group (as a multiset)
+    for (int64_t i = 1; i < G; ++i) {
+      if (bg[i] > m1) {
+        m2 = m1;
+        m1 = bg[i];
+      } else if (bg[i] > m2) {
+        m2 = bg[i];
+      }
+    }
+    const float score = top2 && G >= 2 ? m1 + m2 : m1;
+    out[g] = std::isnan(score) ? ref::kNegInf : score;
+  }
+}
+
+// Keeps the best `n` groups (ties to the lower id) in sc.kept[0..n), best first, values in sc.best.
+void rank_groups(RowScratch& sc, int64_t n_group, int n) {
+  simd::TopK groups(n, sc.best.data(), sc.kept.data());
+  for (int64_t g = 0; g < n_group; ++g) groups.offer(sc.group_score[size_t(g)], int(g));
+}
+
+// Picks the top `n` experts of the kept groups sc.kept[0..topk_group) by b into sc.ids / sc.best.
+MOEKIT_CPU_AVX512 void pick_experts(RowScratch& sc, int topk_group, int64_t G, int n) {
+  std::sort(sc.kept.begin(), sc.kept.begin() + topk_group);  // ascending ids for the scan's tie rule
+  simd::TopK sel(n, sc.best.data(), sc.ids.data());
+  for (int j = 0; j < topk_group; ++j) simd::topk_scan(sc.b.data() + int64_t(sc.kept[size_t(j)]) * G, G, int(sc.kept[size_t(j)] * G), sel);
+}
+
+// Exact path: s and b bit-identical to the reference (libm expf), then its selection rules.
+MOEKIT_CPU_AVX512 void exact_row(const GroupedTopkParams& p, int64_t row, RowScratch& sc) {
+  const int64_t Eg = p.gating.shape[1], G = Eg / p.n_group;
+  const float* bias = p.correction_bias.present() ? p.correction_bias.ptr<const float>() : nullptr;
+  float* s = sc.s.data();
+  float* b = sc.b.data();
   const float mx = simd::load_clean_row(p.gating.data, p.gating.dtype, row, Eg, s);
   if (p.scoring == Scoring::sigmoid) {
     for (int64_t e = 0; e < Eg; ++e) s[e] = ref::sigmoid_f32(s[e]);  // sigmoid(-inf) = 0 = NaN's score
-    return;
-  }
-  if (std::isinf(mx)) {
+  } else if (std::isinf(mx)) {
     ref::softmax_row(p.gating.data, p.gating.dtype, row, Eg, s);
-    return;
+  } else {
+    float sum = 0.0f;
+    for (int64_t e = 0; e < Eg; ++e) {
+      s[e] = std::exp(s[e] - mx);
+      sum += s[e];
+    }
+    const __m512 vs = _mm512_set1_ps(sum);
+    for (int64_t e = 0; e < Eg; e += 16) {
+      const __mmask16 m = simd::tail_mask(Eg - e);
+      _mm512_mask_storeu_ps(s + e, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, s + e), vs));
+    }
   }
-  float sum = 0.0f;
-  for (int64_t e = 0; e < Eg; ++e) {
-    s[e] = std::exp(s[e] - mx);
-    sum += s[e];
-  }
-  const __m512 vs = _mm512_set1_ps(sum);
   for (int64_t e = 0; e < Eg; e += 16) {
     const __mmask16 m = simd::tail_mask(Eg - e);
-    _mm512_mask_storeu_ps(s + e, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, s + e), vs));
+    __m512 v = _mm512_maskz_loadu_ps(m, s + e);
+    if (bias) v = simd::nan_to_neg_inf(_mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + e)));
+    _mm512_mask_storeu_ps(b + e, m, v);
   }
+  group_scores(b, p.n_group, G, bias != nullptr, sc.group_score.data());
+  rank_groups(sc, p.n_group, p.topk_group);
+  pick_experts(sc, p.topk_group, G, p.k);
+  for (int j = 0; j < p.k; ++j) sc.best[size_t(j)] = s[sc.ids[size_t(j)]];
+}
+
+// Fast path (sigmoid scoring): s' = vector sigmoid (relative error <= 2 * kExpRelErr), b' = s' + bias.
+// With eps bounding |b' - b| (the score error plus one rounding of each sum), a decision taken on
+// b' is the reference's when every gap it depends on exceeds the combined error: the kept / dropped
+// group boundary (group scores off by <= 3 eps for a top-2 sum) and every adjacent pair of the top
+// k+1 experts (off by <= eps each). Equal values are never accepted here (equal b' need not mean
+// equal b). Returns false, leaving the row to exact_row(), otherwise; on success the picks'
+// weights are the reference's exact sigmoid, so the row's output is bit-identical to the ref.
+MOEKIT_CPU_AVX512 bool fast_row(const GroupedTopkParams& p, int64_t row, RowScratch& sc) {
+  const int64_t Eg = p.gating.shape[1], n_group = p.n_group, G = Eg / n_group;
+  const float* bias = p.correction_bias.present() ? p.correction_bias.ptr<const float>() : nullptr;
+  float* x = sc.x.data();
+  float* b = sc.b.data();
+  simd::load_clean_row(p.gating.data, p.gating.dtype, row, Eg, x);
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 nonfinite = 0;
+  const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  for (int64_t e = 0; e < Eg; e += 16) {
+    const __mmask16 m = simd::tail_mask(Eg - e);
+    __m512 v = simd::sigmoid_approx(_mm512_maskz_loadu_ps(m, x + e));
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + e));
+    _mm512_mask_storeu_ps(b + e, m, v);
+    const __m512 a = _mm512_abs_ps(v);
+    nonfinite |= _mm512_mask_cmp_ps_mask(m, a, inf, _CMP_NLT_UQ);  // inf or NaN
+    amax = _mm512_mask_max_ps(amax, m, amax, a);
+  }
+  if (nonfinite) return false;  // an infinite / NaN bias: the exact path's -inf / NaN rules
+  // |b' - b| <= |s' - s| + the rounding of both sums: 2 * kExpRelErr * s + 2^-23 * |b|, s <= 1;
+  // doubled for margin.
+  const double eps = 2.0 * (2.0 * simd::kExpRelErr + 1.2e-7 * (double(simd::reduce_max(amax)) + 1.0));
+  group_scores(b, n_group, G, bias != nullptr, sc.group_score.data());
+  const int tg = p.topk_group;
+  const int n_groups_ranked = int(std::min<int64_t>(tg + 1, n_group));
+  rank_groups(sc, n_group, n_groups_ranked);
+  if (n_groups_ranked > tg) {
+    const double eps_g = (bias && G >= 2 ? 3.0 : 1.0) * eps;
+    if (!(double(sc.best[size_t(tg - 1)]) - double(sc.best[size_t(tg)]) > 2.0 * eps_g)) return false;
+  }
+  const int n_sel = int(std::min<int64_t>(p.k + 1, int64_t(tg) * G));
+  pick_experts(sc, tg, G, n_sel);
+  for (int j = 0; j + 1 < n_sel; ++j) {
+    if (!(double(sc.best[size_t(j)]) - double(sc.best[size_t(j + 1)]) > 2.0 * eps)) return false;
+  }
+  for (int j = 0; j < p.k; ++j) sc.best[size_t(j)] = ref::sigmoid_f32(x[sc.ids[size_t(j)]]);
+  return true;
 }
 
 // Rows [t0, t1).
 MOEKIT_CPU_AVX512 void rows(const GroupedTopkParams& p, int64_t t0, int64_t t1) {
-  const int64_t Eg = p.gating.shape[1];
-  const int64_t n_group = p.n_group, G = Eg / n_group;
   const int k = p.k;
-  const float* bias = p.correction_bias.present() ? p.correction_bias.ptr<const float>() : nullptr;
   RowScratch sc(p);
-  float* s = sc.s.data();
-  float* b = sc.b.data();
   float* w_out = p.topk_weights.ptr<float>();
   int32_t* id_out = p.topk_ids.ptr<int32_t>();
   for (int64_t t = t0; t < t1; ++t) {
-    scores(p, t * p.gating.stride[0], Eg, s);
-    for (int64_t e = 0; e < Eg; e += 16) {
-      const __mmask16 m = simd::tail_mask(Eg - e);
-      __m512 v = _mm512_maskz_loadu_ps(m, s + e);
-      if (bias) v = simd::nan_to_neg_inf(_mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + e)));
-      _mm512_mask_storeu_ps(b + e, m, v);
-    }
-    for (int64_t g = 0; g < n_group; ++g) {
-      const float* bg = b + g * G;
-      float m1 = bg[0], m2 = ref::kNegInf;  // the two largest of the group (as a multiset)
-      for (int64_t i = 1; i < G; ++i) {
-        if (bg[i] > m1) {
-          m2 = m1;
-          m1 = bg[i];
-        } else if (bg[i] > m2) {
-          m2 = bg[i];
-        }
-      }
-      // NOTE: with a bias and G >= 2 the score is the top-2 SUM, which is NaN for +inf + -inf (an
-      // infinite bias); it then ranks like -inf, as in the reference.
-      const float score = bias && G >= 2 ? m1 + m2 : m1;
-      sc.group_score[size_t(g)] = std::isnan(score) ? ref::kNegInf : score;
-    }
-    simd::TopK groups(p.topk_group, sc.best.data(), sc.kept.data());
-    for (int64_t g = 0; g < n_group; ++g) groups.offer(sc.group_score[size_t(g)], int(g));
-    std::sort(sc.kept.begin(), sc.kept.end());  // ascending ids for the expert scan's tie rule
-    simd::TopK sel(k, sc.best.data(), sc.ids.data());
-    for (int g : sc.kept) simd::topk_scan(b + int64_t(g) * G, G, int(g * G), sel);
-
+    const int64_t row = t * p.gating.stride[0];
+    if (!(p.scoring == Scoring::sigmoid && fast_row(p, row, sc))) exact_row(p, row, sc);
     float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += s[sc.ids[size_t(j)]];
+    for (int j = 0; j < k; ++j) sum += sc.best[size_t(j)];
     for (int j = 0; j < k; ++j) {
-      float w = s[sc.ids[size_t(j)]];
+      float w = sc.best[size_t(j)];
       if (p.renormalize && sum > 0.0f) w /= sum;
       w_out[t * k + j] = w * p.routed_scaling_factor;
       id_out[t * k + j] = sc.ids[size_t(j)];
