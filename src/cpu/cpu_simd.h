@@ -198,22 +198,64 @@ struct TopK {
   }
 };
 
-// Offers v[0..n) with ids id0.. to `t`: once t is full only the lanes above its threshold are
-// looked at, so a row costs about one compare per 16 elements plus one insertion per improvement.
-MOEKIT_CPU_AVX512 inline void topk_scan(const float* v, int64_t n, int id0, TopK& t) {
-  int64_t i = 0;
-  for (; i < n && !t.full(); ++i) t.offer(v[i], id0 + int(i));
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512 x = _mm512_maskz_loadu_ps(m, v + i);
-    uint32_t c = _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(t.threshold()), _CMP_GT_OQ);
-    while (c != 0) {
-      const int j = __builtin_ctz(c);
-      t.offer(v[i + j], id0 + int(i) + j);
-      c &= c - 1;
-      c &= _mm512_cmp_ps_mask(x, _mm512_set1_ps(t.threshold()), _CMP_GT_OQ);
-    }
+// Offers the lanes of x (elements id0 + i .. of `v`, lanes `m`) that can still enter `t`: at least
+// `floor` while t is not full, above its threshold once it is.
+MOEKIT_CPU_AVX512 inline void offer_lanes(const float* v, int64_t i, int id0, __m512 x, __mmask16 m, float floor,
+                                          TopK& t) {
+  uint32_t c = t.full() ? _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(t.threshold()), _CMP_GT_OQ)
+                        : _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(floor), _CMP_GE_OQ);
+  while (c != 0) {
+    const int j = __builtin_ctz(c);
+    t.offer(v[i + j], id0 + int(i) + j);
+    c &= c - 1;
+    if (t.full()) c &= _mm512_cmp_ps_mask(x, _mm512_set1_ps(t.threshold()), _CMP_GT_OQ);
   }
+}
+
+// Lane-wise maximum of v[0..n) folded into lm (lanes past n untouched).
+MOEKIT_CPU_AVX512 inline void fold_lane_max(const float* v, int64_t n, __m512& lm) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    lm = _mm512_mask_max_ps(lm, m, lm, _mm512_maskz_loadu_ps(m, v + i));
+  }
+}
+
+// The k-th largest (k <= 16) of the 16 lane maxima of a set of values: a lower bound of the set's
+// own k-th largest value (those lanes hold k distinct elements), so only elements at or above it
+// can be among the set's top k. The lane with fewer than k lanes above it and at least k at or
+// above it.
+MOEKIT_CPU_AVX512 inline float kth_lane(__m512 lm, int k) {
+  alignas(64) float v[16];
+  _mm512_store_ps(v, lm);
+  for (int l = 0; l < 16; ++l) {
+    const __m512 b = _mm512_set1_ps(v[l]);
+    const int above = __builtin_popcount(_mm512_cmp_ps_mask(lm, b, _CMP_GT_OQ));
+    const int at_or_above = __builtin_popcount(_mm512_cmp_ps_mask(lm, b, _CMP_GE_OQ));
+    if (above < k && at_or_above >= k) return v[l];
+  }
+  return -__builtin_inff();
+}
+
+// Offers v[0..n) with ids id0.. to `t` (ascending ids): the elements at or above `floor` while t
+// is not full, above its threshold once it is; only those lanes are looked at one by one.
+MOEKIT_CPU_AVX512 inline void scan_from(const float* v, int64_t n, int id0, float floor, TopK& t) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    offer_lanes(v, i, id0, _mm512_maskz_loadu_ps(m, v + i), m, floor, t);
+  }
+}
+
+// Offers v[0..n) with ids id0.. to `t`, in ascending id order. When t starts empty (k <= 16,
+// n >= 32) a first pass finds the kth_lane() floor, so the second pass offers about k to 2k
+// elements instead of every running improvement.
+MOEKIT_CPU_AVX512 inline void topk_scan(const float* v, int64_t n, int id0, TopK& t) {
+  float floor = -__builtin_inff();
+  if (t.n == 0 && t.k <= 16 && n >= 32) {
+    __m512 lm = _mm512_set1_ps(-__builtin_inff());
+    fold_lane_max(v, n, lm);
+    floor = kth_lane(lm, t.k);
+  }
+  scan_from(v, n, id0, floor, t);
 }
 
 }  // namespace simd

@@ -89,10 +89,20 @@ void rank_groups(RowScratch& sc, int64_t n_group, int n) {
 }
 
 // Picks the top `n` experts of the kept groups sc.kept[0..topk_group) by b into sc.ids / sc.best.
+// One floor (simd::kth_lane) over all kept groups, so every group's scan skips most elements.
 MOEKIT_CPU_AVX512 void pick_experts(RowScratch& sc, int topk_group, int64_t G, int n) {
   std::sort(sc.kept.begin(), sc.kept.begin() + topk_group);  // ascending ids for the scan's tie rule
+  float floor = -__builtin_inff();
+  if (n <= 16 && topk_group * G >= 32) {
+    __m512 lm = _mm512_set1_ps(-__builtin_inff());
+    for (int j = 0; j < topk_group; ++j) simd::fold_lane_max(sc.b.data() + int64_t(sc.kept[size_t(j)]) * G, G, lm);
+    floor = simd::kth_lane(lm, n);
+  }
   simd::TopK sel(n, sc.best.data(), sc.ids.data());
-  for (int j = 0; j < topk_group; ++j) simd::topk_scan(sc.b.data() + int64_t(sc.kept[size_t(j)]) * G, G, int(sc.kept[size_t(j)] * G), sel);
+  for (int j = 0; j < topk_group; ++j) {
+    const int g = sc.kept[size_t(j)];
+    simd::scan_from(sc.b.data() + int64_t(g) * G, G, int(g * G), floor, sel);
+  }
 }
 
 // Exact path: s and b bit-identical to the reference (libm expf), then its selection rules.
