@@ -87,17 +87,40 @@ struct Plan {
 };
 
 // Pass 1 for chunk c: histogram row c, stopping at the chunk's first bad id.
+// NOTE: the loops of passes 1 and 3 read the plan through locals: their int64 / int32 stores could
+// otherwise alias the plan's fields and force a reload of every one of them per entry.
 void count_chunk(Plan& pl, int64_t c) {
   int64_t* cnt = pl.count.data() + c * pl.E;
-  for (int64_t i = pl.token_begin(c) * pl.k; i < pl.token_begin(c + 1) * pl.k; ++i) {
-    const int32_t g = pl.ids[i];
+  const int32_t* ids = pl.ids;
+  const int32_t* local = pl.local.data();
+  const int64_t Eg = pl.Eg, end = pl.token_begin(c + 1) * pl.k;
+  for (int64_t i = pl.token_begin(c) * pl.k; i < end; ++i) {
+    const int32_t g = ids[i];
     if (g == -1) continue;
-    if (g < 0 || g >= pl.Eg) {
+    if (g < 0 || g >= Eg) {
       pl.first_bad[size_t(c)] = i;
       return;
     }
-    const int32_t e = pl.local[size_t(g)];
+    const int32_t e = local[g];
     if (e >= 0) ++cnt[e];
+  }
+}
+
+// Scatters the entries of tokens [t0, t1) from the offsets `off` (advanced), in (token, slot) order.
+template <bool kPacked>
+void scatter(const int32_t* ids, const int32_t* w_bits, const int32_t* local, int64_t k, int64_t t0, int64_t t1,
+             int64_t* off, int32_t* out_ids, int32_t* out_w) {
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t i = t * k + j;
+      const int32_t g = ids[i];
+      if (g == -1) continue;
+      const int32_t e = local[g];
+      if (e < 0) continue;
+      const int64_t pos = off[e]++;
+      out_ids[pos] = kPacked ? int32_t((j << 24) | t) : int32_t(i);
+      out_w[pos] = w_bits[i];
+    }
   }
 }
 
@@ -106,20 +129,12 @@ MOEKIT_CPU_AVX512 void fill_chunk(const SortTokensParams& p, Plan& pl, int64_t c
   int32_t* out_ids = p.sorted_token_ids.ptr<int32_t>();
   int32_t* out_w = p.sorted_weights.ptr<int32_t>();  // f32 bits; padding is +0.0f = bits 0
   int32_t* out_e = p.sorted_expert_ids.ptr<int32_t>();
-  int64_t* off = pl.count.data() + c * pl.E;
-  const bool packed = p.encoding == SortEncoding::packed;
   const auto* w_bits = reinterpret_cast<const int32_t*>(pl.weights);  // copied bit-exactly
-  for (int64_t t = pl.token_begin(c); t < pl.token_begin(c + 1); ++t) {
-    for (int64_t j = 0; j < pl.k; ++j) {
-      const int64_t i = t * pl.k + j;
-      const int32_t g = pl.ids[i];
-      if (g == -1) continue;
-      const int32_t e = pl.local[size_t(g)];
-      if (e < 0) continue;
-      const int64_t pos = off[e]++;
-      out_ids[pos] = packed ? int32_t((j << 24) | t) : int32_t(i);
-      out_w[pos] = w_bits[i];
-    }
+  int64_t* off = pl.count.data() + c * pl.E;
+  if (p.encoding == SortEncoding::packed) {
+    scatter<true>(pl.ids, w_bits, pl.local.data(), pl.k, pl.token_begin(c), pl.token_begin(c + 1), off, out_ids, out_w);
+  } else {
+    scatter<false>(pl.ids, w_bits, pl.local.data(), pl.k, pl.token_begin(c), pl.token_begin(c + 1), off, out_ids, out_w);
   }
   for (int64_t e = pl.E * c / pl.chunks; e < pl.E * (c + 1) / pl.chunks; ++e) {
     const int64_t b = pl.start[size_t(e)], used = b + pl.total[size_t(e)], end = pl.start[size_t(e) + 1];
