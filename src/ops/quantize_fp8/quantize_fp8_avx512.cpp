@@ -51,33 +51,55 @@ Tiling tiling_of(const QuantizeFp8Params& p) {
   return {0, 0, 0, 1, 1};
 }
 
-// max |x| over the finite elements [i, i + n) of `in` (0 when there are none).
-MOEKIT_CPU_AVX512 float amax_span(const TensorView& in, int64_t i, int64_t n) {
+// max |x| over the finite elements [i, i + n) of a D buffer (0 when there are none).
+template <DType D>
+MOEKIT_CPU_AVX512 float amax_span(const void* in, int64_t i, int64_t n) {
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
   __m512 mx = _mm512_setzero_ps();
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = simd::tail_mask(n - c);
-    const __m512 a = _mm512_abs_ps(simd::load_f32(in.data, in.dtype, i + c, m));
+    const __m512 a = _mm512_abs_ps(simd::load_f32(in, D, i + c, m));
     mx = _mm512_mask_max_ps(mx, _mm512_mask_cmp_ps_mask(m, a, inf, _CMP_LT_OQ), mx, a);  // NaN / inf fail
   }
   return simd::reduce_max(mx);
 }
 
-// out[i, i + n) = fp8(in / s).
-MOEKIT_CPU_AVX512 void quantize_span(const TensorView& in, const TensorView& out, int64_t i, int64_t n, float s) {
-  const bool fnuz = out.dtype == DType::fp8_e4m3fnuz;
+// out[i, i + n) = fp8(in / s), in of dtype D, out e4m3fnuz when kFnuz else e4m3fn.
+template <DType D, bool kFnuz>
+MOEKIT_CPU_AVX512 void quantize_span(const void* in, uint8_t* out, int64_t i, int64_t n, float s) {
   const __m512 vs = _mm512_set1_ps(s);
-  uint8_t* o = out.ptr<uint8_t>() + i;
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = simd::tail_mask(n - c);
-    const __m512 q = _mm512_div_ps(simd::load_f32(in.data, in.dtype, i + c, m), vs);
-    _mm512_mask_cvtepi32_storeu_epi8(o + c, m, simd::encode_e4m3(q, fnuz));
+    const __m512 q = _mm512_div_ps(simd::load_f32(in, D, i + c, m), vs);
+    _mm512_mask_cvtepi32_storeu_epi8(out + i + c, m, simd::encode_e4m3(q, kFnuz));
+  }
+}
+
+// The two span functions of one (input dtype, output format), chosen once per call so the inner
+// loops carry no dtype branches.
+struct Spans {
+  float (*amax)(const void* in, int64_t i, int64_t n);
+  void (*quantize)(const void* in, uint8_t* out, int64_t i, int64_t n, float s);
+};
+
+template <DType D>
+Spans spans_for(bool fnuz) {
+  return {amax_span<D>, fnuz ? quantize_span<D, true> : quantize_span<D, false>};
+}
+
+Spans spans_of(const QuantizeFp8Params& p) {
+  const bool fnuz = p.out.dtype == DType::fp8_e4m3fnuz;
+  switch (p.in.dtype) {
+    case DType::bf16: return spans_for<DType::bf16>(fnuz);
+    case DType::f16: return spans_for<DType::f16>(fnuz);
+    default: return spans_for<DType::f32>(fnuz);
   }
 }
 
 // Row blocks [w0, w1) of the tiling (w = b * RB + rb): every column block of each.
-void row_blocks(const QuantizeFp8Params& p, const Tiling& t, int64_t w0, int64_t w1) {
+void row_blocks(const QuantizeFp8Params& p, const Spans& f, const Tiling& t, int64_t w0, int64_t w1) {
   const float qmax = fp8_max(p.out.dtype);
+  uint8_t* out = p.out.ptr<uint8_t>();
   const int64_t RB = (t.R + t.bn - 1) / t.bn, CB = (t.C + t.bk - 1) / t.bk;
   float* scale = p.scale.ptr<float>();
   for (int64_t w = w0; w < w1; ++w) {
@@ -86,10 +108,10 @@ void row_blocks(const QuantizeFp8Params& p, const Tiling& t, int64_t w0, int64_t
     for (int64_t cb = 0; cb < CB; ++cb) {
       const int64_t c0 = cb * t.bk, n = std::min(t.C, c0 + t.bk) - c0;
       float amax = 0.0f;
-      for (int64_t r = r0; r < r1; ++r) amax = std::max(amax, amax_span(p.in, (b * t.R + r) * t.C + c0, n));
+      for (int64_t r = r0; r < r1; ++r) amax = std::max(amax, f.amax(p.in.data, (b * t.R + r) * t.C + c0, n));
       const float s = std::max(amax, kFp8AmaxFloor) / qmax;
       scale[w * CB + cb] = s;
-      for (int64_t r = r0; r < r1; ++r) quantize_span(p.in, p.out, (b * t.R + r) * t.C + c0, n, s);
+      for (int64_t r = r0; r < r1; ++r) f.quantize(p.in.data, out, (b * t.R + r) * t.C + c0, n, s);
     }
   }
 }
@@ -101,7 +123,7 @@ void part(int64_t n, int64_t parts, int64_t c, int64_t* b, int64_t* e) {
   *e = std::min(n, units * (c + 1) / parts * 64);
 }
 
-Status per_tensor(const QuantizeFp8Params& p) {
+Status per_tensor(const QuantizeFp8Params& p, const Spans& f) {
   const int64_t n = p.in.numel();
   float* scale = p.scale.ptr<float>();
   if (p.static_scale) {  // data-dependent check, before anything is written
@@ -126,7 +148,7 @@ Status per_tensor(const QuantizeFp8Params& p) {
     each_part([&](int64_t c) {
       int64_t b, e;
       part(n, parts, c, &b, &e);
-      partial[size_t(c)] = amax_span(p.in, b, e - b);
+      partial[size_t(c)] = f.amax(p.in.data, b, e - b);
     });
     const float amax = *std::max_element(partial.begin(), partial.end());
     s = std::max(amax, kFp8AmaxFloor) / fp8_max(p.out.dtype);
@@ -135,19 +157,20 @@ Status per_tensor(const QuantizeFp8Params& p) {
   each_part([&](int64_t c) {
     int64_t b, e;
     part(n, parts, c, &b, &e);
-    quantize_span(p.in, p.out, b, e - b, s);
+    f.quantize(p.in.data, p.out.ptr<uint8_t>(), b, e - b, s);
   });
   return Status::Ok();
 }
 
 Status run(const QuantizeFp8Params& p, const RunContext&) {
-  if (p.granularity == QuantGranularity::per_tensor) return per_tensor(p);
+  const Spans f = spans_of(p);
+  if (p.granularity == QuantGranularity::per_tensor) return per_tensor(p, f);
   const Tiling t = tiling_of(p);
   const int64_t blocks = t.B * ((t.R + t.bn - 1) / t.bn);
   if (p.in.numel() < kSerialElems) {
-    row_blocks(p, t, 0, blocks);
+    row_blocks(p, f, t, 0, blocks);
   } else {
-    parallel_for(blocks, [&](int64_t w0, int64_t w1) { row_blocks(p, t, w0, w1); });
+    parallel_for(blocks, [&](int64_t w0, int64_t w1) { row_blocks(p, f, t, w0, w1); });
   }
   return Status::Ok();
 }
