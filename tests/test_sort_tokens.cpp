@@ -819,15 +819,15 @@ TEST(SortTokens, CpuCheckHarnessAllPresets) {
   }
 }
 
-// T not a multiple of the chunk count, problems above and below the threaded size (T*k >= 2^14),
+// T not a multiple of the chunk count, problems above and below the threaded size (T*k >= 2^18),
 // E not a power of two, E > T, hot experts, -1 ids, mask and map, both encodings.
 TEST(SortTokens, CpuRandomMatchesRefAcrossTheThreadSplit) {
   if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
   struct Shape {
     int64_t T, k, Eg, bm;
   };
-  const Shape shapes[] = {{1, 1, 1, 1},    {7, 2, 8, 16},     {4097, 8, 256, 64}, {16385, 1, 8, 128},
-                          {2049, 8, 257, 16}, {3001, 6, 60, 1}, {17, 3, 257, 5},  {2048, 8, 3, 32}};
+  const Shape shapes[] = {{1, 1, 1, 1},       {7, 2, 8, 16},      {4097, 8, 256, 64}, {262147, 1, 8, 128},
+                          {32771, 8, 257, 16}, {3001, 6, 60, 1}, {17, 3, 257, 5},    {2048, 8, 3, 32}};
   int n = 0;
   for (const Shape& s : shapes) {
     for (SortEp ep : {SortEp::none, SortEp::mask, SortEp::map}) {
@@ -856,12 +856,12 @@ TEST(SortTokens, CpuRandomMatchesRefAcrossTheThreadSplit) {
 // FIRST bad id in (token, slot) order, also when a later thread chunk holds another, and writes nothing.
 TEST(SortTokens, CpuKernelRejectsTheFirstBadIdBeforeWriting) {
   if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
-  std::vector<int32_t> ids(size_t(5000 * 4));
+  std::vector<int32_t> ids(size_t(70000 * 4));  // above the threaded size
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i % 7);
-  ids[size_t(4900 * 4 + 1)] = -5;  // in the second half (another thread's chunk)
-  ids[size_t(2450 * 4 + 0)] = 9;   // later in the first half
-  ids[size_t(2400 * 4 + 3)] = 7;   // the first bad id
-  SortTokensBuffers b(make_input(5000, 4, 7, 16, SortEncoding::packed, ids));
+  ids[size_t(69000 * 4 + 1)] = -5;  // in the second half (another thread's chunk)
+  ids[size_t(2450 * 4 + 0)] = 9;    // later in the first half
+  ids[size_t(2400 * 4 + 3)] = 7;    // the first bad id
+  SortTokensBuffers b(make_input(70000, 4, 7, 16, SortEncoding::packed, ids));
   b.poison(0xAB);
   const SortTokensParams p = b.params();
   const Status s = cpu_kernel().run(&p, RunContext{});
