@@ -51,6 +51,7 @@ Status supports(const GroupedTopkParams& p) {
 struct RowScratch {
   std::vector<float> x, s, b;          // [Eg] cleaned logits, scores, biased selection scores
   std::vector<float> group_score;      // [n_group]
+  std::vector<float> m1, m2;           // [n_group] running top-2 of each group
   std::vector<float> best;             // [max(k, topk_group) + 1] selection values
   std::vector<int> ids, kept;          // [k + 1] expert picks, [topk_group + 1] kept groups
   explicit RowScratch(const GroupedTopkParams& p)
@@ -58,26 +59,31 @@ struct RowScratch {
         s(static_cast<size_t>(p.gating.shape[1])),
         b(static_cast<size_t>(p.gating.shape[1])),
         group_score(static_cast<size_t>(p.n_group)),
+        m1(static_cast<size_t>(p.n_group)),
+        m2(static_cast<size_t>(p.n_group)),
         best(static_cast<size_t>(std::max(p.k, p.topk_group)) + 1),
         ids(static_cast<size_t>(p.k) + 1),
         kept(static_cast<size_t>(p.topk_group) + 1) {}
 };
 
 // Group scores of b: the top-2 sum with a bias (G >= 2), else the maximum; a NaN score (+inf + -inf
-// from an infinite bias) ranks like -inf, as in the reference.
-void group_scores(const float* b, int64_t n_group, int64_t G, bool top2, float* out) {
+// from an infinite bias) ranks like -inf, as in the reference. m1 / m2 (n_group each) are scratch.
+// NOTE: the loop runs over the groups innermost, so the n_group running top-2 chains are independent
+// (the per-group loop was bound by one max/min dependency chain).
+void group_scores(const float* b, int64_t n_group, int64_t G, bool top2, float* m1, float* m2, float* out) {
   for (int64_t g = 0; g < n_group; ++g) {
-    const float* bg = b + g * G;
-    float m1 = bg[0], m2 = ref::kNegInf;  // the two largest of the group (as a multiset)
-    for (int64_t i = 1; i < G; ++i) {
-      if (bg[i] > m1) {
-        m2 = m1;
-        m1 = bg[i];
-      } else if (bg[i] > m2) {
-        m2 = bg[i];
-      }
+    m1[g] = b[g * G];
+    m2[g] = ref::kNegInf;
+  }
+  for (int64_t i = 1; i < G; ++i) {
+    for (int64_t g = 0; g < n_group; ++g) {  // the two largest of each group (as a multiset)
+      const float v = b[g * G + i];
+      m2[g] = std::max(m2[g], std::min(m1[g], v));
+      m1[g] = std::max(m1[g], v);
     }
-    const float score = top2 && G >= 2 ? m1 + m2 : m1;
+  }
+  for (int64_t g = 0; g < n_group; ++g) {
+    const float score = top2 && G >= 2 ? m1[g] + m2[g] : m1[g];
     out[g] = std::isnan(score) ? ref::kNegInf : score;
   }
 }
@@ -134,7 +140,7 @@ MOEKIT_CPU_AVX512 void exact_row(const GroupedTopkParams& p, int64_t row, RowScr
     if (bias) v = simd::nan_to_neg_inf(_mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + e)));
     _mm512_mask_storeu_ps(b + e, m, v);
   }
-  group_scores(b, p.n_group, G, bias != nullptr, sc.group_score.data());
+  group_scores(b, p.n_group, G, bias != nullptr, sc.m1.data(), sc.m2.data(), sc.group_score.data());
   rank_groups(sc, p.n_group, p.topk_group);
   pick_experts(sc, p.topk_group, G, p.k);
   for (int j = 0; j < p.k; ++j) sc.best[size_t(j)] = s[sc.ids[size_t(j)]];
@@ -169,7 +175,7 @@ MOEKIT_CPU_AVX512 bool fast_row(const GroupedTopkParams& p, int64_t row, RowScra
   // |b' - b| <= |s' - s| + the rounding of both sums: 2 * kExpRelErr * s + 2^-23 * |b|, s <= 1;
   // doubled for margin.
   const double eps = 2.0 * (2.0 * simd::kExpRelErr + 1.2e-7 * (double(simd::reduce_max(amax)) + 1.0));
-  group_scores(b, n_group, G, bias != nullptr, sc.group_score.data());
+  group_scores(b, n_group, G, bias != nullptr, sc.m1.data(), sc.m2.data(), sc.group_score.data());
   const int tg = p.topk_group;
   const int n_groups_ranked = int(std::min<int64_t>(tg + 1, n_group));
   rank_groups(sc, n_group, n_groups_ranked);
