@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -287,6 +288,11 @@ TEST(ConvertFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   p.in = in.view;
   p.out = out.view;
   EXPECT_TRUE(k->supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::convert_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "convert_fp8_avx512");
+  }
   p.out.device = Device::cuda;
   const Status s = k->supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);

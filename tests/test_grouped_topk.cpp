@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/cpu_simd.h"
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "ref/ref_topk.h"
 #include "routing_test_util.h"
@@ -668,6 +669,11 @@ TEST(GroupedTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   Buffer g = certified_logits(3, 2, 8, config(2, 4, 2, Scoring::sigmoid, &bias), DType::f32);
   Call c(g, 2, 4, 2, Scoring::sigmoid, &bias);
   EXPECT_TRUE(k->supports(&c.p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::grouped_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "grouped_topk_avx512");
+  }
   c.p.correction_bias.device = Device::cuda;
   const Status s = k->supports(&c.p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -402,6 +403,11 @@ TEST(QuantizeFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   Buffer in(DType::bf16, {2, 32}), out(kFn, {2, 32}), scale(DType::f32, {2});
   QuantizeFp8Params p = make_params(in, out, scale, G::per_row);
   EXPECT_TRUE(k->supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::quantize_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "quantize_fp8_avx512");
+  }
   p.scale.device = Device::cuda;
   const Status s = k->supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);

@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/layout.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -377,6 +378,11 @@ TEST(ShuffleWeight, CpuKernelsAreRegisteredAndRefuseDeviceTensors) {
     Buffer in(DType::bf16, {16, 32}), out(DType::bf16, {16, 32});
     ShuffleWeightParams p{in.view, out.view};
     EXPECT_TRUE(k->supports(&p).ok());
+    if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+      const Kernel* chosen = nullptr;
+      ASSERT_TRUE(registry().select_with(Config{}, k->op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+      EXPECT_STREQ(chosen->name, name);
+    }
     p.in.device = Device::cuda;
     const Status s = k->supports(&p);
     EXPECT_EQ(s.code(), StatusCode::unsupported);

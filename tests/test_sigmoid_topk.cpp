@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
@@ -418,6 +419,11 @@ TEST(SigmoidTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   Buffer g = random_logits(3, 2, 8, DType::f32);
   Call c(g, 1);
   EXPECT_TRUE(k->supports(&c.p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::sigmoid_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "sigmoid_topk_avx512");
+  }
   c.p.gating.device = Device::cuda;
   const Status s = k->supports(&c.p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);

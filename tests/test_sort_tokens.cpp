@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/sorting.h"
 #include "testing/harness.h"
 #include "testing/oracle_sort_tokens.h"
@@ -796,6 +797,11 @@ TEST(SortTokens, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   SortTokensBuffers b(make_input(2, 2, 4, 2, SortEncoding::flat, {0, 1, 2, 3}));
   SortTokensParams p = b.params();
   EXPECT_TRUE(cpu_kernel().supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::sort_tokens, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "sort_tokens_avx512");
+  }
   p.num_valid.device = Device::cuda;
   const Status s = cpu_kernel().supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/cpu_simd.h"
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
@@ -570,6 +571,11 @@ TEST(TopkSoftmax, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
   Buffer g = certified_logits(3, 2, 8, 2, DType::f32);
   Call c(g, 2);
   EXPECT_TRUE(k->supports(&c.p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::topk_softmax, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "topk_softmax_avx512");
+  }
   c.p.topk_ids.device = Device::cuda;
   const Status s = k->supports(&c.p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);
