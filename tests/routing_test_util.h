@@ -136,4 +136,46 @@ inline testing::Buffer nonfinite_logits(uint64_t seed, int64_t T, int64_t E, DTy
   return g;
 }
 
+// ------------------------------------------------------------------ CPU kernels (*_avx512)
+// Why the CPU backend cannot run here ("" when it can): the Cpu* tests GTEST_SKIP with it.
+inline std::string cpu_unavailable() {
+  const Status s = registry().backend_available(Backend::cpu);
+  return s.ok() ? "" : "CPU backend unavailable: " + s.to_string();
+}
+
+// Runs a routing check hook restricted to the CPU kernels and expects every case to pass against
+// the ref and to have actually run (the CPU routing kernels accept every host problem).
+inline void expect_cpu_check_passes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&),
+                                    testing::CheckRequest req, const std::string& what) {
+  req.has_backend = true;
+  req.backend = Backend::cpu;
+  const std::vector<testing::CaseResult> results = check(req);
+  EXPECT_FALSE(results.empty()) << what;
+  for (const testing::CaseResult& r : results) {
+    EXPECT_TRUE(r.ok) << what << " / " << r.kernel << " / " << r.name << ": " << r.detail;
+    EXPECT_EQ(r.detail.rfind("skipped", 0), std::string::npos) << what << " / " << r.name << ": " << r.detail;
+    EXPECT_EQ(r.reference, "ref") << r.name;
+  }
+}
+
+// Runs `call` (a RoutingCall) with kernel `kernel` and with the op's ref kernel and expects the same
+// ids exactly and weights within the check hooks' tolerance.
+template <class Call, class Params>
+void expect_kernel_matches_ref(Call& got, Call& want, const char* kernel, const char* ref_kernel,
+                               Status (*op)(const Params&, const RunOptions&)) {
+  RunOptions ref_opts;
+  ref_opts.kernel = ref_kernel;
+  ASSERT_TRUE(op(want.p, ref_opts).ok());
+  RunOptions opts;
+  opts.kernel = kernel;
+  const Status s = op(got.p, opts);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  testing::RoutingExpect e;
+  e.T = want.p.gating.shape[0];
+  e.k = want.p.k;
+  e.ids = testing::to_ints(want.ids.view);
+  e.weights = testing::to_doubles(want.w.view);
+  got.expect_outputs_match(e);
+}
+
 }  // namespace moekit::routing_test

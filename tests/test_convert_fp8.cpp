@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -271,6 +272,68 @@ TEST(ConvertFp8, CheckHookOnPresets) {
     ASSERT_FALSE(results.empty());
     for (const testing::CaseResult& r : results) {
       EXPECT_TRUE(r.ok) << r.kernel << " [" << r.name << "] vs " << r.reference << ": " << r.detail;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- CPU kernel (convert_fp8_avx512)
+// Codes, scales and the saturation count compared bit-exactly with convert_fp8_ref.
+TEST(ConvertFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("convert_fp8_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("convert_fp8_ref")->priority);
+  Buffer in = all_codes(kFn), out(kFnuz, {256});
+  ConvertFp8Params p;
+  p.in = in.view;
+  p.out = out.view;
+  EXPECT_TRUE(k->supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::convert_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "convert_fp8_avx512");
+  }
+  p.out.device = Device::cuda;
+  const Status s = k->supports(&p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("out"), std::string::npos) << s.message();
+}
+
+// Every code many times over lengths that are not multiples of the 64-byte vector, below and above
+// the threaded size (2^18 codes), both directions, out of place and in place, with and without scales.
+TEST(ConvertFp8, CpuMatchesRefOnEveryCodeAcrossTheThreadSplit) {
+  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  Rng rng(21);
+  for (int64_t n : {int64_t(1), int64_t(63), int64_t(256), int64_t(1000), int64_t(262144 + 77), int64_t(1) << 20}) {
+    for (DType d : {kFn, kFnuz}) {
+      for (bool in_place : {false, true}) {
+        Buffer in(d, {n}), scale(DType::f32, {5});
+        for (int64_t i = 0; i < n; ++i) in.bytes[size_t(i)] = uint8_t(i < 256 ? i : int64_t(rng.gen() & 0xFF));
+        for (int i = 0; i < 5; ++i) scale.data<float>()[i] = rng.uniform(1e-3f, 4.0f);
+        auto run = [&](const char* kernel, Buffer* out, Buffer* scale_out, int64_t* sat) {
+          *out = in_place ? in : Buffer(other(d), {n});
+          *scale_out = scale;
+          ConvertFp8Params p;
+          p.in = out->view;  // in place: in and out are the very same buffer
+          if (!in_place) p.in = in.view;
+          p.out = out->view;
+          p.out.dtype = other(d);
+          p.scale_in = scale_out->view;
+          p.scale_out = scale_out->view;
+          p.num_saturated = sat;
+          RunOptions opts;
+          opts.kernel = kernel;
+          return convert_fp8(p, opts);
+        };
+        Buffer want, got, want_s, got_s;
+        int64_t want_sat = -1, got_sat = -2;
+        ASSERT_TRUE(run("convert_fp8_ref", &want, &want_s, &want_sat).ok());
+        ASSERT_TRUE(run("convert_fp8_avx512", &got, &got_s, &got_sat).ok());
+        const std::string what = std::string(dtype_name(d)) + " n=" + std::to_string(n) + (in_place ? " in place" : "");
+        EXPECT_EQ(got.bytes, want.bytes) << what;
+        EXPECT_EQ(got_s.bytes, want_s.bytes) << what;
+        EXPECT_EQ(got_sat, want_sat) << what;
+      }
     }
   }
 }

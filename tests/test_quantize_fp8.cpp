@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -372,6 +374,133 @@ TEST(QuantizeFp8, CheckHookOnPresets) {
     ASSERT_FALSE(results.empty());
     for (const testing::CaseResult& r : results) {
       EXPECT_TRUE(r.ok) << r.kernel << " [" << r.name << "] vs " << r.reference << ": " << r.detail;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- CPU kernel (quantize_fp8_avx512)
+// Codes and scales compared bit-exactly with quantize_fp8_ref (and the encoder with dtype.h's).
+bool cpu_available() { return registry().backend_available(Backend::cpu).ok(); }
+
+// One problem on `kernel` (outputs poisoned first).
+Quantized quantize_with(const char* kernel, const Buffer& in, DType od, G g, const Dims& scale_dims, int group_k,
+                        int block_n, const Buffer* static_scale = nullptr) {
+  std::vector<int64_t> dims(in.view.shape, in.view.shape + in.view.ndim);
+  Quantized q{Buffer(od, dims), static_scale ? *static_scale : Buffer(DType::f32, scale_dims), Status()};
+  q.out.fill_bytes(0xAB);
+  if (!static_scale) q.scale.fill_bytes(0xAB);
+  RunOptions opts;
+  opts.kernel = kernel;
+  q.status = quantize_fp8(make_params(in, q.out, q.scale, g, group_k, block_n, static_scale != nullptr), opts);
+  return q;
+}
+
+TEST(QuantizeFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("quantize_fp8_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("quantize_fp8_ref")->priority);
+  Buffer in(DType::bf16, {2, 32}), out(kFn, {2, 32}), scale(DType::f32, {2});
+  QuantizeFp8Params p = make_params(in, out, scale, G::per_row);
+  EXPECT_TRUE(k->supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::quantize_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "quantize_fp8_avx512");
+  }
+  p.scale.device = Device::cuda;
+  const Status s = k->supports(&p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("scale"), std::string::npos) << s.message();
+}
+
+// Every granularity, both formats, three input dtypes; rows / groups / blocks whose widths are not
+// multiples of the 16-lane vector, ragged last groups, row counts not a multiple of the thread
+// split, problems above and below the threaded size; NaN, +-inf, zeros and tiny values mixed in.
+TEST(QuantizeFp8, CpuMatchesRefBitExactlyEveryGranularity) {
+  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  const std::vector<GranCase> cases = {
+      {G::per_tensor, {3, 7, 33}, {1}, 128, 128},         {G::per_tensor, {301, 257}, {1}, 128, 128},
+      {G::per_row, {17, 130}, {17}, 128, 128},            {G::per_row, {513, 100}, {513, 1}, 128, 128},
+      {G::per_token_group, {9, 384}, {9, 3}, 128, 128},   {G::per_token_group, {67, 7168}, {67, 56}, 128, 128},
+      {G::per_token_group, {3, 2, 100}, {6, 8}, 13, 128}, {G::block, {3, 130, 257}, {3, 2, 3}, 128, 128},
+      {G::block, {2, 2, 40, 70}, {2, 2, 3, 3}, 32, 16},   {G::block, {515, 300}, {5, 3}, 128, 128},
+  };
+  Rng rng(11);
+  int n = 0;
+  for (const GranCase& c : cases) {
+    for (DType id : {DType::f32, DType::bf16, DType::f16}) {
+      const DType od = n++ % 2 ? kFn : kFnuz;
+      Buffer in(id, c.dims);
+      for (int64_t i = 0; i < in.numel(); ++i) {
+        const int64_t r = rng.integer(0, 199);
+        const float v = rng.normal(0.0f, 1.0f) * std::ldexp(1.0f, int(i / c.dims.back() % 11) - 5);
+        in.set(i, r == 0 ? kNaN : r == 1 ? std::numeric_limits<float>::infinity() : r == 2 ? 0.0f : r == 3 ? 1e-30f : v);
+      }
+      const std::string what = std::string(granularity_name(c.g)) + " " + in.view.describe() + " -> " + dtype_name(od);
+      const Quantized want = quantize_with("quantize_fp8_ref", in, od, c.g, c.scale_dims, c.group_k, c.block_n);
+      const Quantized got = quantize_with("quantize_fp8_avx512", in, od, c.g, c.scale_dims, c.group_k, c.block_n);
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.to_string();
+      EXPECT_EQ(got.scale.bytes, want.scale.bytes) << what;
+      EXPECT_EQ(got.out.bytes, want.out.bytes) << what;
+    }
+  }
+}
+
+// The vector encoder against dtype.h's scalar one on about a million f32 bit patterns spread over
+// the whole range, plus every RNE midpoint between adjacent codes and its neighbours: a static
+// per-tensor scale of 1 makes q = fp8(x) exactly.
+TEST(QuantizeFp8, CpuEncoderMatchesTheScalarEncoderOnEveryFloatClass) {
+  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  std::vector<float> xs;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) {
+    float f;
+    const uint32_t b = uint32_t(u);
+    std::memcpy(&f, &b, 4);
+    xs.push_back(f);
+  }
+  for (DType od : {kFn, kFnuz}) {
+    for (int c = 0; c < 0x7F; ++c) {
+      const float lo = testing::oracle_fp8_value(uint8_t(c), od), hi = testing::oracle_fp8_value(uint8_t(c + 1), od);
+      if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+      const float mid = 0.5f * (lo + hi);
+      for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), lo, hi}) {
+        xs.push_back(v);
+        xs.push_back(-v);
+      }
+    }
+  }
+  Buffer in(DType::f32, {int64_t(xs.size())});
+  std::memcpy(in.bytes.data(), xs.data(), xs.size() * 4);
+  Buffer one(DType::f32, {1});
+  one.set(0, 1.0f);
+  for (DType od : {kFn, kFnuz}) {
+    const Quantized got = quantize_with("quantize_fp8_avx512", in, od, G::per_tensor, {1}, 128, 128, &one);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    int64_t bad = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const uint8_t want = od == kFn ? f32_to_e4m3fn_bits(xs[i]) : f32_to_e4m3fnuz_bits(xs[i]);
+      if (got.out.data<uint8_t>()[i] != want && bad++ < 5) {
+        ADD_FAILURE() << dtype_name(od) << " x=" << xs[i] << " got " << int(got.out.data<uint8_t>()[i]) << " want " << int(want);
+      }
+    }
+    EXPECT_EQ(bad, 0) << dtype_name(od);
+  }
+}
+
+TEST(QuantizeFp8, CpuCheckHookOnPresets) {
+  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  for (const char* model : {"deepseek-v3", "mixtral"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.has_backend = true;
+    req.backend = Backend::cpu;
+    req.tokens = {1, 7, 600};
+    const auto results = testing::check_quantize_fp8(req);
+    ASSERT_FALSE(results.empty());
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << r.kernel << " [" << r.name << "] vs " << r.reference << ": " << r.detail;
+      EXPECT_EQ(r.reference, "ref") << r.name;
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/layout.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -364,6 +365,81 @@ TEST(ShuffleWeight, CheckHookRejectsUnshuffleableCustomShape) {
   const auto results = testing::check_shuffle_weight(req);
   ASSERT_FALSE(results.empty());
   for (const auto& r : results) EXPECT_TRUE(r.ok) << r.name << ": " << r.detail;
+}
+
+// ---------------------------------------------------------------- CPU kernels (*_shuffle_weight_avx512)
+// Compared bit-exactly with the ref kernels.
+TEST(ShuffleWeight, CpuKernelsAreRegisteredAndRefuseDeviceTensors) {
+  for (const char* name : {"shuffle_weight_avx512", "unshuffle_weight_avx512"}) {
+    const Kernel* k = registry().find(name);
+    ASSERT_NE(k, nullptr) << name;
+    EXPECT_EQ(k->backend, Backend::cpu);
+    EXPECT_GT(k->priority, 0);
+    Buffer in(DType::bf16, {16, 32}), out(DType::bf16, {16, 32});
+    ShuffleWeightParams p{in.view, out.view};
+    EXPECT_TRUE(k->supports(&p).ok());
+    if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+      const Kernel* chosen = nullptr;
+      ASSERT_TRUE(registry().select_with(Config{}, k->op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+      EXPECT_STREQ(chosen->name, name);
+    }
+    p.in.device = Device::cuda;
+    const Status s = k->supports(&p);
+    EXPECT_EQ(s.code(), StatusCode::unsupported);
+    EXPECT_NE(s.message().find("in"), std::string::npos) << s.message();
+  }
+}
+
+// 1, 2 and 4-byte elements; N a multiple of 16 that is not a power of two, K a multiple of 32 that is
+// not a multiple of 64; batches of matrices; sizes below and above the threaded size (256 KiB), so
+// the 16-row blocks split unevenly over the threads. Shuffle against shuffle_weight_ref, unshuffle
+// against unshuffle_weight_ref, and the round trip.
+TEST(ShuffleWeight, CpuMatchesRefAndRoundTripsAcrossTheThreadSplit) {
+  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  struct Case {
+    DType dtype;
+    std::vector<int64_t> dims;
+  };
+  const Case cases[] = {{DType::fp8_e4m3fn, {16, 32}}, {DType::bf16, {48, 96}},         {DType::f32, {2, 3, 16, 160}},
+                        {DType::bf16, {5, 208, 224}}, {DType::fp8_e4m3fn, {3, 400, 736}}, {DType::f32, {1, 112, 1056}}};
+  Rng rng(5);
+  for (const Case& c : cases) {
+    Buffer in(c.dtype, c.dims);
+    for (unsigned char& b : in.bytes) b = uint8_t(rng.gen());
+    auto run = [&](bool inverse, const Buffer& src, const char* kernel) {
+      Buffer dst(c.dtype, c.dims);
+      dst.fill_bytes(0xAB);
+      ShuffleWeightParams p{src.view, dst.view};
+      p.in.layout = inverse ? Layout::shuffled_16x16 : Layout::row_major;
+      p.out.layout = inverse ? Layout::row_major : Layout::shuffled_16x16;
+      RunOptions o;
+      o.kernel = kernel;
+      const Status s = inverse ? unshuffle_weight(p, o) : shuffle_weight(p, o);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      return dst;
+    };
+    const Buffer shuffled = run(false, in, "shuffle_weight_avx512");
+    EXPECT_EQ(payload(shuffled), payload(run(false, in, "shuffle_weight_ref"))) << in.view.describe();
+    const Buffer back = run(true, shuffled, "unshuffle_weight_avx512");
+    EXPECT_EQ(payload(back), payload(run(true, shuffled, "unshuffle_weight_ref"))) << in.view.describe();
+    EXPECT_EQ(payload(back), payload(in)) << in.view.describe();
+  }
+}
+
+TEST(ShuffleWeight, CpuCheckHookOnPresets) {
+  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  for (auto check : {testing::check_shuffle_weight, testing::check_unshuffle_weight}) {
+    testing::CheckRequest req;
+    req.shape.model = "deepseek-v3";
+    req.has_backend = true;
+    req.backend = Backend::cpu;
+    const auto results = check(req);
+    ASSERT_FALSE(results.empty());
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << r.kernel << " [" << r.name << "] vs " << r.reference << ": " << r.detail;
+      EXPECT_NE(r.reference, "oracle") << r.name;  // the CPU kernels are checked against the ref (or the contract)
+    }
+  }
 }
 
 }  // namespace

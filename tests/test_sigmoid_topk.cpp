@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
@@ -398,6 +399,109 @@ TEST(SigmoidTopk, CudaBenchProblemRuns) {
   const Status r = b->run();
   EXPECT_TRUE(r.ok()) << r.to_string();
 }
+
+// ------------------------------------------------------------------ CPU kernel (sigmoid_topk_avx512)
+// Skipped when the CPU backend is unavailable (no AVX-512). Compared with sigmoid_topk_ref: ids
+// exactly, weights within kWeightAtol / kWeightRtol.
+namespace cpu_cases {
+
+void expect_cpu_matches_ref(const Buffer& gating, int k, const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, k), got(gating, k);
+  routing_test::expect_kernel_matches_ref(got, want, "sigmoid_topk_avx512", "sigmoid_topk_ref", sigmoid_topk);
+}
+
+TEST(SigmoidTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("sigmoid_topk_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("sigmoid_topk_ref")->priority);
+  Buffer g = random_logits(3, 2, 8, DType::f32);
+  Call c(g, 1);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::sigmoid_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "sigmoid_topk_avx512");
+  }
+  c.p.gating.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("gating"), std::string::npos) << s.message();
+}
+
+TEST(SigmoidTopk, CpuEdgeCasesMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "llama4";
+  req.tokens = {1, 7, 64};
+  routing_test::expect_cpu_check_passes(testing::check_sigmoid_topk, req, "edge cases");
+}
+
+// T not a multiple of the thread split, E not a multiple of the 16-lane vector (or a power of two),
+// k = 1 and k = E, strided rows, ties (1/4 grid), and problems big enough for every thread.
+TEST(SigmoidTopk, CpuThreadSplitAndVectorTailsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  struct Shape {
+    int64_t T, E;
+    int k;
+    int64_t stride;
+  };
+  const Shape shapes[] = {{1031, 128, 1, 0}, {517, 257, 8, 0}, {33, 17, 17, 0}, {3, 1, 1, 0},
+                          {64, 130, 32, 0},  {301, 100, 2, 113}, {4099, 16, 1, 0}};
+  int n = 0;
+  for (const Shape& s : shapes) {
+    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
+    const Buffer g = random_logits(uint64_t(40 + n), s.T, s.E, dt, n % 2 ? 0.25f : 1.0f / 256, s.stride);
+    expect_cpu_matches_ref(g, s.k, "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
+    ++n;
+  }
+}
+
+TEST(SigmoidTopk, CpuNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  int n = 0;
+  for (int64_t Eg : {8, 60, 257}) {
+    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
+      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const int64_t T = Eg == 257 && k == 1 ? 1031 : 97;  // one problem large enough for every thread
+      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), T, Eg, dt);
+      expect_cpu_matches_ref(g, k, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
+      ++n;
+    }
+  }
+}
+
+// A big call equals itself run to run (fixed partition; no dependence on scheduling).
+TEST(SigmoidTopk, CpuIsDeterministicRunToRun) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const Buffer g = random_logits(78, 1500, 128, DType::bf16);
+  RunOptions opts;
+  opts.kernel = "sigmoid_topk_avx512";
+  Call a(g, 4), b(g, 4);
+  ASSERT_TRUE(sigmoid_topk(a.p, opts).ok());
+  ASSERT_TRUE(sigmoid_topk(b.p, opts).ok());
+  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+}
+
+TEST(SigmoidTopk, CpuPresetsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 63, 600};
+    routing_test::expect_cpu_check_passes(testing::check_sigmoid_topk, req, model);
+  }
+}
+
+}  // namespace cpu_cases
 
 }  // namespace
 }  // namespace moekit

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_simd.h"
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
@@ -546,6 +549,175 @@ TEST(TopkSoftmax, CudaBenchProblemRuns) {
   const Status r = b->run();
   EXPECT_TRUE(r.ok()) << r.to_string();
 }
+
+// ------------------------------------------------------------------ CPU kernel (topk_softmax_avx512)
+// Skipped when the CPU backend is unavailable (no AVX-512). Compared with topk_softmax_ref: ids and
+// token_expert_indices exactly, weights within kWeightAtol / kWeightRtol.
+namespace cpu_cases {
+
+// One problem on the CPU kernel and on the ref.
+void expect_cpu_matches_ref(const Buffer& gating, int k, bool renormalize, const std::string& what) {
+  SCOPED_TRACE(what);
+  Call want(gating, k, renormalize), got(gating, k, renormalize);
+  routing_test::expect_kernel_matches_ref(got, want, "topk_softmax_avx512", "topk_softmax_ref", topk_softmax);
+  EXPECT_EQ(got.tei.bytes, want.tei.bytes);
+}
+
+TEST(TopkSoftmax, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  const Kernel* k = registry().find("topk_softmax_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("topk_softmax_ref")->priority);
+  Buffer g = certified_logits(3, 2, 8, 2, DType::f32);
+  Call c(g, 2);
+  EXPECT_TRUE(k->supports(&c.p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, OpKind::topk_softmax, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, "topk_softmax_avx512");
+  }
+  c.p.topk_ids.device = Device::cuda;
+  const Status s = k->supports(&c.p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("topk_ids"), std::string::npos) << s.message();
+}
+
+TEST(TopkSoftmax, CpuEdgeCasesMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  testing::CheckRequest req;
+  req.shape.model = "mixtral";
+  req.tokens = {1, 7, 64};
+  routing_test::expect_cpu_check_passes(testing::check_topk_softmax, req, "edge cases");
+}
+
+// T not a multiple of the thread split, E not a multiple of the 16-lane vector (or a power of two),
+// k = 1 and k = E, strided rows, and problems big enough to run on every thread.
+TEST(TopkSoftmax, CpuThreadSplitAndVectorTailsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  struct Shape {
+    int64_t T, E;
+    int k;
+    int64_t stride;
+  };
+  const Shape shapes[] = {{1031, 60, 4, 0}, {517, 257, 8, 0}, {33, 17, 17, 0}, {3, 1, 1, 0},
+                          {64, 130, 32, 0}, {301, 100, 2, 113}, {2049, 8, 2, 0}};
+  int n = 0;
+  for (const Shape& s : shapes) {
+    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
+    const Buffer g = certified_logits(uint64_t(40 + n), s.T, s.E, s.k, dt, 1.0f / 256, s.stride);
+    expect_cpu_matches_ref(g, s.k, n % 2 == 0,
+                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
+    ++n;
+  }
+}
+
+TEST(TopkSoftmax, CpuNonFiniteAndTiedRowsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  int n = 0;
+  for (int64_t Eg : {8, 60, 257}) {
+    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
+      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const int64_t T = Eg == 60 && k == 4 ? 1031 : 97;  // one problem large enough for every thread
+      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), T, Eg, dt);
+      expect_cpu_matches_ref(g, k, n % 2 == 0, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
+      ++n;
+    }
+  }
+}
+
+// Distinct logits whose probabilities round to the same f32 (exp underflowing to 0, logits one ulp
+// apart next to the maximum): the ref ranks those equal p by id, and so must the CPU kernel.
+TEST(TopkSoftmax, CpuCollapsedProbabilitiesFollowTheRefTieRule) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const float below = std::nextafter(0.25f, 0.0f), two_below = std::nextafter(below, 0.0f);
+  const Buffer g = logits_from_rows({
+      {0.0f, -300.0f, -200.0f, -150.0f, -120.0f, -500.0f, -110.0f, -400.0f},  // five p == 0
+      {two_below, below, 0.25f, -1.0f, below, two_below, 0.25f, -2.0f},       // p may collapse
+      {-104.0f, -103.0f, -90.0f, 0.0f, -103.5f, -88.0f, -87.9f, -200.0f},     // subnormal p
+  });
+  for (int k : {1, 3, 5, 8}) {
+    for (bool renormalize : {false, true}) expect_cpu_matches_ref(g, k, renormalize, "k=" + std::to_string(k));
+  }
+  // Random rows drawn from a few values that collide after exp (and a few that do not).
+  const float pool[] = {0.25f, below, two_below, std::nextafter(two_below, 0.0f), -1.0f, -100.0f, -103.9f, -104.0f,
+                        -150.0f, -routing_test::kInf, 3.0f, std::nextafter(3.0f, 0.0f)};
+  Rng rng(99);
+  Buffer r(DType::f32, {301, 24});
+  for (int64_t i = 0; i < r.numel(); ++i) r.set(i, pool[rng.integer(0, 9 + (i % 7 == 0 ? 2 : 0))]);
+  for (int k : {1, 2, 4, 7, 24}) expect_cpu_matches_ref(r, k, k % 2 == 0, "pool k=" + std::to_string(k));
+}
+
+// The vector exp that feeds the fast path's softmax sum, against libm on the inputs it gets
+// (x - max <= 0): relative error <= kExpRelErr where the result is a normal float.
+MOEKIT_CPU_AVX512 void exp_approx_16(const float* x, float* out) {
+  _mm512_storeu_ps(out, cpu::simd::exp_approx(_mm512_loadu_ps(x)));
+}
+
+TEST(TopkSoftmax, CpuVectorExpMeetsItsErrorBound) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  alignas(64) float x[16], y[16];
+  int n = 0;
+  for (uint32_t u = 0x80000000u; u < 0xFF800001u && u >= 0x80000000u; u += 1021) {  // -0 .. -inf
+    std::memcpy(&x[n++], &u, 4);
+    if (n < 16) continue;
+    n = 0;
+    exp_approx_16(x, y);
+    for (int i = 0; i < 16; ++i) {
+      const double want = std::exp(double(x[i]));
+      if (want < 1.2e-38) {
+        ASSERT_LE(y[i], 1.2e-38f) << "x=" << x[i];
+        continue;
+      }
+      ASSERT_LE(std::fabs(double(y[i]) - want), cpu::simd::kExpRelErr * want) << "x=" << x[i] << " got " << y[i];
+    }
+  }
+}
+
+// The threaded split changes nothing: a big call equals itself run to run and equals, row by row,
+// small (single-threaded) calls on slices of the same logits.
+TEST(TopkSoftmax, CpuIsDeterministicAndIndependentOfTheThreadSplit) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int64_t T = 1500, E = 64;
+  const int k = 6;
+  const Buffer g = certified_logits(77, T, E, k, DType::bf16);
+  RunOptions opts;
+  opts.kernel = "topk_softmax_avx512";
+  Call a(g, k, true), b(g, k, true);
+  ASSERT_TRUE(topk_softmax(a.p, opts).ok());
+  ASSERT_TRUE(topk_softmax(b.p, opts).ok());
+  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+  for (int64_t t0 : {int64_t(0), int64_t(749), T - 3}) {
+    Buffer slice(DType::bf16, {3, E});
+    std::copy_n(g.bytes.begin() + t0 * E * 2, 3 * E * 2, slice.bytes.begin());
+    Call c(slice, k, true);
+    ASSERT_TRUE(topk_softmax(c.p, opts).ok());
+    for (int64_t t = 0; t < 3; ++t) {
+      EXPECT_EQ(c.row_ids(t), a.row_ids(t0 + t)) << "row " << t0 + t;
+      EXPECT_EQ(c.row_w(t), a.row_w(t0 + t)) << "row " << t0 + t;
+    }
+  }
+}
+
+TEST(TopkSoftmax, CpuPresetsMatchRef) {
+  const std::string why = routing_test::cpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = {1, 63, 600};
+    routing_test::expect_cpu_check_passes(testing::check_topk_softmax, req, model);
+  }
+}
+
+}  // namespace cpu_cases
 
 }  // namespace
 }  // namespace moekit
