@@ -34,6 +34,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "moekit/ops/quant.h"
 
 namespace moekit::cuda {
 
@@ -241,6 +242,12 @@ struct Args {
   int T, H, I, E, Eg, k;
   int act;                // Activation
   bool g1u1, weight_on_input;
+  // fp8 variants (fused_moe_sm90_small_m_fp8.cuh): weight scales [E] or [E, N] (ws_rows), the
+  // optional static activation scale (device [1], null = dynamic per token).
+  const float* w1s = nullptr;
+  const float* w2s = nullptr;
+  const float* a1s = nullptr;
+  bool ws_rows = false;
 };
 
 // ---------------------------------------------------------------- stage 0: routing tables
@@ -434,6 +441,8 @@ __global__ void __launch_bounds__(128) combine_kernel(const Args p) {
   }
 }
 
+#include "ops/fused_moe/fused_moe_sm90_small_m_fp8.cuh"
+
 // ---------------------------------------------------------------- host side
 size_t elem_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 size_t a_elem_bytes(const FusedMoeParams& p) { return p.round_intermediate ? elem_bytes(p.x.dtype) : 4; }
@@ -500,6 +509,92 @@ Status run_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
   return launch(combine_kernel<T>, g3, dim3(128), 0, st, a, "fused_moe_small_m combine");
 }
 
+template <class T>
+Status run_fp8_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
+  const int slots = a.T * a.k;
+  const int ey = std::min(a.E, slots);
+  MOEKIT_RETURN_IF_ERROR(launch(route_kernel, dim3(1), dim3(kRouteThreads), 0, st, a, "fused_moe_small_m route"));
+  const dim3 g1(unsigned(ceil_div(a.I, kRows1)), unsigned(ey));
+  const size_t s1 = size_t(mc1) * size_t(a.H) * 2;
+  const char* n1 = "fused_moe_small_m gate_up_fp8";
+  switch (mc1) {
+    case 1: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 1>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    case 2: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 2>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    case 4: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 4>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    default: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 8>, g1, dim3(kThreads), s1, st, a, n1)); break;
+  }
+  const dim3 g2(unsigned(ceil_div(a.H, kRows2)), unsigned(ey));
+  const size_t s2 = size_t(mc2) * size_t(a.I) * 2;
+  const char* n2 = "fused_moe_small_m down_fp8";
+  switch (mc2) {
+    case 1: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<1>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    case 2: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<2>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    case 4: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<4>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    default: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<8>, g2, dim3(kThreads), s2, st, a, n2)); break;
+  }
+  const dim3 g3(unsigned(a.T), unsigned(ceil_div(a.H / 8, 128)));
+  return launch(combine_kernel<T>, g3, dim3(128), 0, st, a, "fused_moe_small_m combine");
+}
+
+// Scale tensors of the fp8 variants: [E] (per tensor) or [E, N] / [E, N, 1] (per row), f32, device.
+Status check_scale(const TensorView& s, const char* name, int64_t E, int64_t N, bool* per_row) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim == 1 && s.shape[0] == E) {
+    *per_row = false;
+    return Status::Ok();
+  }
+  if ((s.ndim == 2 || (s.ndim == 3 && s.shape[2] == 1)) && s.shape[0] == E && s.shape[1] == N) {
+    *per_row = true;
+    return Status::Ok();
+  }
+  return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
+}
+
+Status supports_fp8_impl(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
+                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map},
+                                         {"a1_scale", &p.a1_scale}}));
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
+    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
+  }
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
+  }
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
+                       " (this kernel reads row_major weights only)");
+  }
+  if (p.scale_block_n != 0 || p.scale_block_k != 0) {
+    return Unsupported("scale_block_n/k: block scales are not supported here, got ", p.scale_block_n, "x",
+                       p.scale_block_k);
+  }
+  const MoeDims d = moe_dims(p);
+  bool r1 = false, r2 = false;
+  MOEKIT_RETURN_IF_ERROR(check_scale(p.w1_scale, "w1_scale", d.E, d.N1, &r1));
+  MOEKIT_RETURN_IF_ERROR(check_scale(p.w2_scale, "w2_scale", d.E, d.H, &r2));
+  if (r1 != r2) return Unsupported("w1_scale/w2_scale: both per-tensor or both per-row");
+  if (d.H % 16 != 0 || d.I % 16 != 0) {
+    return Unsupported("H = ", d.H, ", I = ", d.I, ": both must be multiples of 16 (16 fp8 codes per vector)");
+  }
+  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
+    return Unsupported("w1/w2: data must be 16-byte aligned");
+  }
+  if (d.E > kMaxExperts) return Unsupported("E = ", d.E, ": at most ", kMaxExperts, " local experts");
+  if (d.T * d.k > (int64_t(1) << 30) || d.Eg > (int64_t(1) << 30) || d.H > (1 << 30) || d.I > (1 << 30)) {
+    return Unsupported("T*k = ", d.T * d.k, ", Eg = ", d.Eg, ": sizes must fit 32-bit indices");
+  }
+  if (pick_mc(1, 1, 1, size_t(d.H) * 2) == 0 || pick_mc(1, 1, 1, size_t(d.I) * 2) == 0) {
+    return Unsupported("H = ", d.H, ", I = ", d.I, ": one staged row exceeds the ", kStageBudget,
+                       "-byte shared-memory stage");
+  }
+  return Status::Ok();
+}
+
+size_t workspace_fp8_impl(const FusedMoeParams& p) { return layout_of(moe_dims(p), 4).total; }
+
 Status supports_impl(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
                                          {"topk_weights", &p.topk_weights}, {"out", &p.out},
@@ -537,10 +632,10 @@ Status supports_impl(const FusedMoeParams& p) {
 
 size_t workspace_impl(const FusedMoeParams& p) { return layout_of(moe_dims(p), a_elem_bytes(p)).total; }
 
-Status run_impl(const FusedMoeParams& p, const RunContext& ctx) {
+Status run_any(const FusedMoeParams& p, const RunContext& ctx, bool fp8) {
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
-  const size_t ae = a_elem_bytes(p);
+  const size_t ae = fp8 ? 4 : a_elem_bytes(p);
   const WsLayout l = layout_of(d, ae);
   if (ctx.workspace == nullptr || ctx.workspace_bytes < l.total) {
     return InvalidArgument("workspace: fused_moe_sm90_small_m needs ", l.total, " bytes of device workspace, got ",
@@ -572,15 +667,29 @@ Status run_impl(const FusedMoeParams& p, const RunContext& ctx) {
   a.act = int(p.activation);
   a.g1u1 = d.g1u1;
   a.weight_on_input = p.weight_on_input;
+  const auto st = static_cast<cudaStream_t>(ctx.stream);
+  if (fp8) {
+    bool rows = false;
+    MOEKIT_RETURN_IF_ERROR(check_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows));
+    a.w1s = p.w1_scale.ptr<const float>();
+    a.w2s = p.w2_scale.ptr<const float>();
+    a.a1s = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
+    a.ws_rows = rows;
+    const int mc1 = pick_mc(d.T, d.k, d.E, size_t(d.H) * 2);
+    const int mc2 = pick_mc(d.T, d.k, d.E, size_t(d.I) * 2);
+    return p.x.dtype == DType::bf16 ? run_fp8_typed<__nv_bfloat16>(a, mc1, mc2, st) : run_fp8_typed<__half>(a, mc1, mc2, st);
+  }
   const int mc1 = pick_mc(d.T, d.k, d.E, size_t(d.H) * elem_bytes(p.x.dtype));
   const int mc2 = pick_mc(d.T, d.k, d.E, size_t(d.I) * ae);
-  const auto st = static_cast<cudaStream_t>(ctx.stream);
   if (p.x.dtype == DType::bf16) {
     return p.round_intermediate ? run_typed<__nv_bfloat16, __nv_bfloat16>(a, mc1, mc2, st)
                                 : run_typed<__nv_bfloat16, float>(a, mc1, mc2, st);
   }
   return p.round_intermediate ? run_typed<__half, __half>(a, mc1, mc2, st) : run_typed<__half, float>(a, mc1, mc2, st);
 }
+
+Status run_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, false); }
+Status run_fp8_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, true); }
 
 }  // namespace
 
@@ -597,6 +706,16 @@ void register_fused_moe_sm90_small_m(Registry& r) {
          "x/w bf16|f16, CUDA-core f32 dots, a rounded to x dtype (or f32), decode-sized T", 100,
          erase_supports<FusedMoeParams, supports_impl>, erase_workspace<FusedMoeParams, workspace_impl>,
          erase_run<FusedMoeParams, run_impl>});
+  // fp8 per-tensor / per-row weights, dynamic per-token (or static) activations: the same rows for
+  // the router weight on the output (fp8_row) and on the input (fp8_row_tkw1, k == 1).
+  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_small_m_fp8_row" : "fused_moe_sm90_small_m_fp8_row_tkw1",
+           OpKind::fused_moe, v, Backend::cuda,
+           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per token (e4m3fn), "
+           "fp8 x fp8 dots in f32 on CUDA cores, decode-sized T",
+           100, erase_supports<FusedMoeParams, supports_fp8_impl>, erase_workspace<FusedMoeParams, workspace_fp8_impl>,
+           erase_run<FusedMoeParams, run_fp8_impl>});
+  }
 }
 
 }  // namespace moekit::cuda

@@ -1,0 +1,224 @@
+// The fp8 W8A8 stages of fused_moe_sm90_small_m (SPEC 3.2 fp8 per-tensor / per-row weights, 3.4
+// router weight on the input), decode-sized T: e4m3fn weights streamed once with 16-byte loads (16
+// codes each) and decoded in registers (cvt.rn.f16x2.e4m3x2), activations quantized exactly as the
+// reference does (fused_moe_ref_fp8.cpp, run_row):
+//   s_t = max(amax(x_t), 1e-12) / 448 (or the static a1_scale), xq = e4m3fn(x_t / s_t);
+//   h[n] = (xq . w1q[e, n]) * s_t * w1_scale[e, n]   ([E] scales: per tensor); tkw1: h *= w;
+//   a = act(g) * u in f32 (workspace), re-quantized per slot row: s_a, aq = e4m3fn(a / s_a);
+//   y[c] = (aq . w2q[e, c]) * s_a * w2_scale[e, c]; then the combine stage of the bf16 path.
+// The quantized rows are staged in shared memory as f16 (every e4m3fn value is exact in f16), each
+// dot accumulates exact fp8 x fp8 products in f32. Included by fused_moe_sm90_small_m.cu inside its
+// anonymous namespace (uses its Args, tables, helpers and constants).
+// Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.Fp8*), against the reference.
+#pragma once
+
+// Decodes 16 e4m3fn codes (one 16-byte vector) to f32.
+__device__ __forceinline__ void unpack16_e4m3(const uint4& v, float (&f)[16]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint16_t pair = uint16_t(w[q] >> (16 * h));
+      uint32_t hh;
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hh) : "h"(pair));
+      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&hh));
+      f[4 * q + 2 * h] = p.x;
+      f[4 * q + 2 * h + 1] = p.y;
+    }
+  }
+}
+
+// acc[r][m] += sum over K of fp8 weight row r times staged f16 row m. K % 16 == 0. Lane-partial sums.
+template <int RP, int MC>
+__device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], const __half* xs, int K, int lane,
+                                              float (&acc)[RP][MC]) {
+  const int nvec = K / 16;
+  for (int c0 = lane; c0 < nvec; c0 += 32 * kUnroll) {
+    uint4 wv[RP][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < RP; ++r) {
+        wv[r][u] = c < nvec ? load_stream(reinterpret_cast<const uint4*>(wrow[r]) + c) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= nvec) break;
+      float wf[RP][16];
+#pragma unroll
+      for (int r = 0; r < RP; ++r) unpack16_e4m3(wv[r][u], wf[r]);
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        float xlo[8], xhi[8];
+        unpack8<__half>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c], xlo);
+        unpack8<__half>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c + 1], xhi);
+#pragma unroll
+        for (int r = 0; r < RP; ++r) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][q], xlo[q], acc[r][m]);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][8 + q], xhi[q], acc[r][m]);
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+
+// Block-wide max over the CTA (kThreads threads); every thread gets the result.
+__device__ __forceinline__ float block_max(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // red is free (previous readers done)
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+// Quantizes src[0..n) (global, XT) into dst (shared, f16 values of the codes) with the dynamic
+// scale max(amax, 1e-12) / 448, or `fixed` when > 0; returns the scale. Whole CTA.
+template <class XT>
+__device__ __forceinline__ float stage_quantized(__half* dst, const XT* src, int n, float fixed, float* red) {
+  float s = fixed;
+  if (!(fixed > 0.0f)) {
+    float amax = 0.0f;
+    for (int c = threadIdx.x; c < n; c += kThreads) amax = fmaxf(amax, fabsf(to_f32(src[c])));
+    s = fmaxf(block_max(amax, red), kFp8AmaxFloor) / kFp8E4m3fnMax;
+  }
+  for (int c = threadIdx.x; c < n; c += kThreads) {
+    dst[c] = __float2half_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(to_f32(src[c]) / s)));
+  }
+  return s;
+}
+
+__device__ __forceinline__ float weight_scale(const float* s, bool per_row, int e, int64_t n, int64_t N) {
+  return per_row ? s[int64_t(e) * N + n] : s[e];
+}
+
+// Stage 1 (fp8): grid as gate_up_kernel; a[slot, i] in f32. Dynamic shared memory: MC x H f16.
+template <class T, int MC>
+__global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
+  wait_for_predecessor();
+  const Tables& tb = p.tb;
+  if (int(blockIdx.y) >= *tb.n_active) return;
+  const int e = tb.active[blockIdx.y];
+  const int count = tb.counts[e], first = tb.offsets[e];
+  extern __shared__ uint4 smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  __shared__ float s_scale[MC];
+  __shared__ float s_red[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int i = blockIdx.x * kRows1 + warp;
+  const int64_t N1 = p.g1u1 ? 2 * int64_t(p.I) : p.I;
+  const uint8_t* w1e = static_cast<const uint8_t*>(p.w1) + int64_t(e) * N1 * p.H;
+  const float fixed = p.a1s != nullptr ? *p.a1s : 0.0f;
+  for (int c0 = 0; c0 < count; c0 += MC) {
+    const int mc = min(MC, count - c0);
+    __syncthreads();
+    for (int m = 0; m < MC; ++m) {
+      if (m < mc) {
+        const int t = tb.slot_list[first + c0 + m] / p.k;
+        const float s = stage_quantized<T>(xs + size_t(m) * p.H, static_cast<const T*>(p.x) + t * p.x_stride, p.H,
+                                           fixed, s_red);
+        if (threadIdx.x == 0) s_scale[m] = s;
+      } else {
+        zero_row<__half>(xs + size_t(m) * p.H, p.H);
+        if (threadIdx.x == 0) s_scale[m] = 0.0f;
+      }
+    }
+    __syncthreads();
+    if (i >= p.I) continue;
+    const int nr = p.g1u1 ? 2 : 1;
+    const uint8_t* rows[2] = {w1e + int64_t(i) * p.H, w1e + (int64_t(p.I) + i) * p.H};
+    float acc[2][MC] = {};
+    if (nr == 2) {
+      warp_dots_fp8<2, MC>(rows, xs, p.H, lane, acc);
+    } else {
+      const uint8_t* one[1] = {rows[0]};
+      float acc1[1][MC] = {};
+      warp_dots_fp8<1, MC>(one, xs, p.H, lane, acc1);
+#pragma unroll
+      for (int m = 0; m < MC; ++m) acc[0][m] = acc1[0][m];
+    }
+    float g = 0.0f, u = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MC; ++m) {
+      const float gm = warp_sum(acc[0][m]), um = nr == 2 ? warp_sum(acc[1][m]) : 0.0f;
+      if (lane == m) g = gm, u = um;
+    }
+    if (lane < mc) {
+      const int slot = tb.slot_list[first + c0 + lane];
+      const float sx = s_scale[lane];
+      const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
+      g = g * sx * weight_scale(p.w1s, p.ws_rows, e, i, N1) * w;
+      float a;
+      if (nr == 2) {
+        u = u * sx * weight_scale(p.w1s, p.ws_rows, e, int64_t(p.I) + i, N1) * w;
+        a = activate(p.act, g) * u;
+      } else {
+        a = activate(p.act, g);
+      }
+      static_cast<float*>(p.a)[int64_t(slot) * p.I + i] = a;
+    }
+  }
+}
+
+// Stage 2 (fp8): grid as down_kernel; the a rows (f32) re-quantized per slot while staged.
+template <int MC>
+__global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
+  wait_for_predecessor();
+  const Tables& tb = p.tb;
+  if (int(blockIdx.y) >= *tb.n_active) return;
+  const int e = tb.active[blockIdx.y];
+  const int count = tb.counts[e], first = tb.offsets[e];
+  extern __shared__ uint4 smem_raw[];
+  __half* as = reinterpret_cast<__half*>(smem_raw);
+  __shared__ float s_scale[MC];
+  __shared__ float s_red[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h0 = blockIdx.x * kRows2 + 2 * warp;
+  const uint8_t* w2e = static_cast<const uint8_t*>(p.w2) + int64_t(e) * p.H * p.I;
+  for (int c0 = 0; c0 < count; c0 += MC) {
+    const int mc = min(MC, count - c0);
+    __syncthreads();
+    for (int m = 0; m < MC; ++m) {
+      if (m < mc) {
+        const int slot = tb.slot_list[first + c0 + m];
+        const float s = stage_quantized<float>(as + size_t(m) * p.I,
+                                               static_cast<const float*>(p.a) + int64_t(slot) * p.I, p.I, 0.0f, s_red);
+        if (threadIdx.x == 0) s_scale[m] = s;
+      } else {
+        zero_row<__half>(as + size_t(m) * p.I, p.I);
+        if (threadIdx.x == 0) s_scale[m] = 0.0f;
+      }
+    }
+    __syncthreads();
+    if (h0 >= p.H) continue;
+    const uint8_t* rows[2] = {w2e + int64_t(h0) * p.I, w2e + int64_t(h0 + 1) * p.I};
+    float acc[2][MC] = {};
+    warp_dots_fp8<2, MC>(rows, as, p.I, lane, acc);
+    float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MC; ++m) {
+      const float s0 = warp_sum(acc[0][m]), s1 = warp_sum(acc[1][m]);
+      if (lane == m) y0 = s0, y1 = s1;
+    }
+    if (lane < mc) {
+      const int slot = tb.slot_list[first + c0 + lane];
+      const float sa = s_scale[lane];
+      y0 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0, p.H);
+      y1 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0 + 1, p.H);
+      *reinterpret_cast<float2*>(p.y + int64_t(slot) * p.H + h0) = make_float2(y0, y1);
+    }
+  }
+}
