@@ -596,7 +596,8 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
   // CPU kernels that take packed weights are timed on them: packed once here, like a model load.
   bool packed = false;
-  if (k.backend == Backend::cpu && v == MoeVariant::unquantized && dtype_size(b->params.w1.dtype) == 2) {
+  if (!req.row_major_weights && k.backend == Backend::cpu && v == MoeVariant::unquantized &&
+      dtype_size(b->params.w1.dtype) == 2) {
     FusedMoeParams probe = b->params;
     probe.w1.layout = probe.w2.layout = Layout::cpu_vnni2_n32;
     if (k.supports(&probe).ok() && pack_moe_weights(&b->prob).ok()) {

@@ -214,6 +214,7 @@ struct BenchProblem {
 
 struct BenchRequest {
   ShapeRequest shape;
+  bool row_major_weights = false;  // fused_moe, CPU kernels: do not pack the weights at setup
 };
 
 struct OpHarness {

@@ -58,6 +58,7 @@ struct BenchArgs {
   std::string peak_gbps;        // --peak-gbps X: overrides the measured memory bandwidth
   std::string peak_gflops;      // --peak-gflops Y: overrides the measured arithmetic rate
   std::string compare;          // --compare BACKEND: also time that backend's kernel on each problem
+  bool row_major_weights = false;  // --row-major-weights: time CPU kernels on unpacked weights
   bool json = false;
 };
 

@@ -26,13 +26,14 @@
 //   tasks:   (expert, column block, token block); an expert's entries are cut into ceil(n / 128)
 //            equal token blocks, token block innermost so consecutive tasks reuse a weight panel.
 //            At decode that is a column split (one active expert still uses every core); at
-//            prefill a 2-D split. Tasks are dealt to threads in contiguous ranges balanced by
-//            their row count -- each output element is still made by one task in a fixed order,
-//            so results do not depend on the thread count.
+//            prefill a 2-D split. Threads claim tasks from a shared counter (a busy neighbour
+//            on one core does not stall the other); each output element is made by one task in a
+//            fixed order, so results do not depend on the schedule or the thread count.
 // Test: tests/test_fused_moe_avx512.cpp; `moekit check --backend cpu`, `moekit bench --backend cpu`.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -247,23 +248,20 @@ std::vector<PackedTask> packed_tasks(const Scratch& s, int64_t col_blocks) {
   return tasks;
 }
 
-// Runs fn(task) for every task, dealing contiguous ranges to threads balanced by cost (rows + a
-// fixed per-task weight-streaming cost). The split never changes a result.
+// Runs fn(task, tile) for every task. Threads claim tasks one at a time from a shared counter, so
+// a core that a neighbour slows down simply takes fewer tasks. NOTE: this is still deterministic:
+// a task's outputs (its rows x columns of a or y) are written by that task alone, in a fixed order
+// that does not depend on which thread runs it, so the result is bit-identical for any schedule.
 template <class Fn>
 void run_tasks(const std::vector<PackedTask>& tasks, Fn&& fn) {
-  const int nth = num_threads();
-  std::vector<int64_t> cum(tasks.size() + 1, 0);
-  for (size_t i = 0; i < tasks.size(); ++i) cum[i + 1] = cum[i] + (tasks[i].r1 - tasks[i].r0) + 4;
-  std::vector<size_t> split(size_t(nth) + 1, tasks.size());
-  split[0] = 0;
-  for (int t = 1; t < nth; ++t) {
-    const int64_t target = cum.back() * t / nth;
-    split[size_t(t)] = size_t(std::lower_bound(cum.begin(), cum.end(), target) - cum.begin());
-  }
-  parallel_for(nth, [&](int64_t b, int64_t e) {
+  std::atomic<size_t> next{0};
+  parallel_for(num_threads(), [&](int64_t b, int64_t e) {
     alignas(64) float tile[kTokenBlock * kCols];
-    for (int64_t t = b; t < e; ++t) {
-      for (size_t i = split[size_t(t)]; i < split[size_t(t) + 1]; ++i) fn(tasks[i], tile);
+    for (int64_t t = b; t < e; ++t) {  // one item per thread, unless the pool runs them serially
+      for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < tasks.size();
+           i = next.fetch_add(1, std::memory_order_relaxed)) {
+        fn(tasks[i], tile);
+      }
     }
   });
 }
@@ -278,7 +276,7 @@ void gate_up_packed(const FusedMoeParams& p, const MoeDims& d, const Scratch& s,
   const uint16_t* pb = w1 + pb_index * panel;
   const int32_t* ent = s.entry + s.offset[t.e] + t.r0;
   const int64_t n = t.r1 - t.r0;
-  const uint16_t* rows[kTokenBlock];
+  const uint16_t* rows[kTokenBlock] = {};
   for (int64_t r = 0; r < n; ++r) rows[r] = p.x.ptr<const uint16_t>() + (ent[r] / d.k) * p.x.stride[0];
   panel_gemm(pa, pb, rows, n, d.H, tile);
   const float* tw = p.topk_weights.ptr<const float>();
@@ -305,7 +303,7 @@ void down_packed(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, co
   const uint16_t* pb = w2 + std::min(2 * t.cb + 1, panels - 1) * panel;
   const int32_t* ent = s.entry + s.offset[t.e] + t.r0;
   const int64_t n = t.r1 - t.r0;
-  const uint16_t* rows[kTokenBlock];
+  const uint16_t* rows[kTokenBlock] = {};
   for (int64_t r = 0; r < n; ++r) rows[r] = s.a + int64_t(ent[r]) * d.I;
   panel_gemm(pa, pb, rows, n, d.I, tile);
   const int64_t h0 = 2 * t.cb * kVnniPanelN, ncols = std::min(kCols, d.H - h0);
