@@ -295,7 +295,10 @@ void run_packed_case(MoeProblem& prob, const std::string& name, const std::vecto
   const FusedMoeParams p0 = prob.params();
   const MoeVariant variant = fused_moe_variant(p0);
   const int64_t T = prob.shape.T, H = prob.shape.H;
-  if (variant != MoeVariant::unquantized || T == 0 || dtype_size(p0.w1.dtype) != 2) return;
+  if (variant != MoeVariant::unquantized || T == 0 || dtype_size(p0.w1.dtype) != 2 ||
+      p0.w1.layout != Layout::row_major) {
+    return;
+  }
   if (p0.w1.shape[1] % kVnniPanelN != 0 || H % kVnniPanelN != 0) return;
   const Kernel* rk = ref_kernel(variant);
   const bool any = std::any_of(kernels.begin(), kernels.end(),
@@ -356,6 +359,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
           continue;
         }
         run_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);
+        run_packed_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);  // packs prob's weights
       }
     }
   }
