@@ -8,10 +8,15 @@
 // (status unsupported) is reported ok with "skipped: <reason>". Kernels of a device backend run on
 // device copies of the problem (DeviceMirror) with device workspace; when that backend is
 // unavailable (e.g. no GPU) their cases are reported ok with "skipped: backend unavailable".
+// Packed weights: after each bf16/f16 row_major case, every non-ref kernel also runs on the weights
+// packed by pack_weight (cpu_vnni2_n32) against the ref kernel's output on the row_major weights
+// (case name "... weights cpu_vnni2_n32 (packed)"; kernels that refuse packed weights: skipped).
 // bench: one problem of the requested shape; flops = 2*T*k*H*N1 + 2*T*k*I*H, bytes = the weights
 // and scales of the experts actually touched + x + out. For device kernels (cuda) the problem is
 // made resident on the device in up to 4 rotating input sets (BenchProblem::launch, sets) and also
 // offers the unfused cuBLAS baseline (BenchProblem::baseline); docs/cli.md says how both are timed.
+// CPU kernels that accept packed weights are timed on weights packed once at setup (unless
+// BenchRequest::row_major_weights); the shape line then says so.
 // Tests: tests/test_fused_moe.cpp and tests/test_fused_moe_fp8.cpp call check_fused_moe.
 #include <algorithm>
 #include <cmath>
