@@ -65,7 +65,7 @@ if(MOEKIT_PYTHON3)
   # JSON output: valid, and every stable key present (docs/cli.md lists them).
   moekit_cli_test(ops_json
     "\"$0\" ops --json > ops.json || exit 1; \"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('ops.json')); \
-assert len(d['ops']) == 9, d['ops']; assert [b['name'] for b in d['backends']] == ['ref', 'cpu', 'cuda']; \
+assert len(d['ops']) == 11, d['ops']; assert [b['name'] for b in d['backends']] == ['ref', 'cpu', 'cuda']; \
 assert 'topk_softmax_ref' in [k['name'] for k in d['kernels']]; \
 keys = {'name', 'op', 'variant', 'backend', 'recipe', 'priority', 'available', 'reason'}; \
 assert all(keys <= set(k) for k in d['kernels'])\"")

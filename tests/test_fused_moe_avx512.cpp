@@ -1,5 +1,6 @@
-// fused_moe_avx512_bf16 (the CPU backend's bf16 fused MoE) against the reference kernel, plus the
-// CPU thread pool. Skipped where the CPU lacks AVX-512 BF16.
+// fused_moe_avx512_bf16 (the CPU backend's bf16 fused MoE) against the reference kernel, on
+// row_major and on packed (cpu_vnni2_n32) weights, plus the CPU thread pool. Skipped where the CPU
+// lacks AVX-512 BF16.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -137,6 +138,89 @@ TEST(FusedMoeAvx512, PresetsMatchRef) {
       ASSERT_TRUE(testing::resolve_shape(req, T, &s).ok());
       expect_matches_ref(s, {}, uint64_t(T), std::string(model) + " T=" + std::to_string(T));
     }
+  }
+}
+
+// ---------------------------------------------------------------- packed (cpu_vnni2_n32) weights
+// The reference on the row_major weights, then the kernel on pack_weight's copies of them.
+void expect_packed_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed,
+                               const std::string& what) {
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(s, o, seed, &p).ok()) << what;
+  const std::vector<double> want = run(p, "fused_moe_ref");
+  ASSERT_TRUE(testing::pack_moe_weights(&p).ok()) << what;
+  ASSERT_EQ(p.params().w2.layout, Layout::cpu_vnni2_n32);
+  const std::vector<double> got = run(p, kKernel);
+  testing::Metrics m;
+  std::string detail;
+  EXPECT_TRUE(testing::judge_moe(got, want, s.T, s.H,
+                                 testing::moe_tolerance(MoeVariant::unquantized, DType::bf16,
+                                                        testing::MoeCompare::kernel_vs_ref),
+                                 &m, &detail))
+      << what << ": " << detail << " worst " << m.worst;
+}
+
+TEST(FusedMoeAvx512, PackedEdgeCasesMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  expect_packed_matches_ref(shape(1, 8, 2, 64, 96), {}, 1, "T=1 (decode: column split, 1-row micro-kernel)");
+  expect_packed_matches_ref(shape(5, 1, 1, 32, 32), {}, 2, "E=1 k=1, one panel each");
+  expect_packed_matches_ref(shape(3, 6, 6, 64, 64), {}, 3, "k=E=6");
+  expect_packed_matches_ref(shape(2, 13, 3, 96, 160), {}, 4, "E=13>T, H=96: odd hidden panel count");
+  expect_packed_matches_ref(shape(37, 8, 2, 128, 224), {}, 5, "T=37: row groups of 4 with tails 1-3");
+  expect_packed_matches_ref(shape(7, 4, 2, 320, 288), {}, 6, "H=320, I=288: K chunks of 256 with a tail");
+  expect_packed_matches_ref(shape(300, 2, 1, 64, 64), {}, 7, "~150 entries per expert: 2 token blocks");
+  expect_packed_matches_ref(shape(260, 1, 1, 32, 32), {}, 8, "260 entries on one expert: 3 token blocks");
+  testing::MoeProblemOptions g1u0;
+  g1u0.g1u1 = false;
+  expect_packed_matches_ref(shape(6, 8, 2, 64, 96), g1u0, 9, "g1u0, I=96: odd gate panel count");
+  expect_packed_matches_ref(shape(6, 8, 2, 64, 128), g1u0, 10, "g1u0, I=128");
+  testing::MoeProblemOptions pad;
+  pad.row_pad = 8;
+  expect_packed_matches_ref(shape(6, 8, 2, 64, 96), pad, 11, "row-strided x/out");
+  testing::MoeProblemOptions mask;
+  mask.local_experts = 3;
+  mask.ep = testing::ExpertParallel::mask;
+  expect_packed_matches_ref(shape(9, 8, 2, 64, 96), mask, 12, "expert_mask");
+  testing::MoeProblemOptions map = mask;
+  map.ep = testing::ExpertParallel::map;
+  expect_packed_matches_ref(shape(9, 8, 2, 64, 96), map, 13, "expert_map");
+  for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
+    MoeShape s = shape(4, 8, 2, 64, 96);
+    s.activation = a;
+    expect_packed_matches_ref(s, {}, 14, activation_name(a));
+  }
+  MoeShape woi = shape(5, 8, 1, 64, 96);
+  woi.weight_on_input = true;
+  expect_packed_matches_ref(woi, {}, 15, "weight_on_input");
+}
+
+TEST(FusedMoeAvx512, PackedDeterministicAcrossRuns) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  MoeProblem p;
+  ASSERT_TRUE(testing::make_moe_problem(shape(200, 4, 2, 128, 192), {}, 3, &p).ok());
+  ASSERT_TRUE(testing::pack_moe_weights(&p).ok());
+  run(p, kKernel);
+  const std::vector<unsigned char> first = p.out.bytes;
+  run(p, kKernel);
+  EXPECT_EQ(p.out.bytes, first);
+}
+
+TEST(FusedMoeAvx512, PackedCheckHookOnPresets) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  for (const char* model : {"mixtral", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.shape.scheme = testing::Scheme::bf16;
+    req.shape.scheme_given = true;
+    req.edge_cases = false;
+    req.backend = Backend::cpu;
+    req.has_backend = true;
+    int packed_cases = 0;
+    for (const testing::CaseResult& r : testing::check_fused_moe(req)) {
+      EXPECT_TRUE(r.ok) << r.kernel << " [" << r.name << "]: " << r.detail;
+      if (r.name.find("cpu_vnni2_n32") != std::string::npos && r.kernel == std::string(kKernel)) ++packed_cases;
+    }
+    EXPECT_EQ(packed_cases, 3) << model << ": one packed case per default token count";
   }
 }
 

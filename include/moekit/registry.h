@@ -42,8 +42,10 @@ enum class OpKind : uint8_t {
   quantize_fp8,
   convert_fp8,
   fused_moe,
+  pack_weight,
+  unpack_weight,
 };
-constexpr int kNumOps = 9;
+constexpr int kNumOps = 11;
 const char* op_name(OpKind op);
 bool parse_op(const std::string& s, OpKind* out);
 

@@ -41,6 +41,8 @@ const char* op_name(OpKind op) {
     case OpKind::quantize_fp8: return "quantize_fp8";
     case OpKind::convert_fp8: return "convert_fp8";
     case OpKind::fused_moe: return "fused_moe";
+    case OpKind::pack_weight: return "pack_weight";
+    case OpKind::unpack_weight: return "unpack_weight";
   }
   return "?";
 }

@@ -8,7 +8,12 @@ namespace moekit {
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 const char* layout_name(Layout l) {
-  return l == Layout::row_major ? "row_major" : "shuffled_16x16";
+  switch (l) {
+    case Layout::row_major: return "row_major";
+    case Layout::shuffled_16x16: return "shuffled_16x16";
+    case Layout::cpu_vnni2_n32: return "cpu_vnni2_n32";
+  }
+  return "?";
 }
 
 TensorView TensorView::contiguous(void* data, DType dtype, int ndim, const int64_t* shape,

@@ -28,6 +28,7 @@ void register_kernels(Registry& r) {
   register_quantize_fp8(r);
   register_convert_fp8(r);
   register_fused_moe(r);
+  register_pack_weight(r);
 }
 
 }  // namespace moekit::ref

@@ -13,6 +13,7 @@ void register_shuffle_weight(Registry& r);  // shuffle_weight and unshuffle_weig
 void register_quantize_fp8(Registry& r);
 void register_convert_fp8(Registry& r);
 void register_fused_moe(Registry& r);
+void register_pack_weight(Registry& r);  // pack_weight and unpack_weight
 
 // Adds every reference kernel and the (always available) backend probe.
 void register_kernels(Registry& r);

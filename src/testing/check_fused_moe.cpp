@@ -8,16 +8,22 @@
 // (status unsupported) is reported ok with "skipped: <reason>". Kernels of a device backend run on
 // device copies of the problem (DeviceMirror) with device workspace; when that backend is
 // unavailable (e.g. no GPU) their cases are reported ok with "skipped: backend unavailable".
+// Packed weights: after each bf16/f16 row_major case, every non-ref kernel also runs on the weights
+// packed by pack_weight (cpu_vnni2_n32) against the ref kernel's output on the row_major weights
+// (case name "... weights cpu_vnni2_n32 (packed)"; kernels that refuse packed weights: skipped).
 // bench: one problem of the requested shape; flops = 2*T*k*H*N1 + 2*T*k*I*H, bytes = the weights
 // and scales of the experts actually touched + x + out. For device kernels (cuda) the problem is
 // made resident on the device in up to 4 rotating input sets (BenchProblem::launch, sets) and also
 // offers the unfused cuBLAS baseline (BenchProblem::baseline); docs/cli.md says how both are timed.
+// CPU kernels that accept packed weights are timed on weights packed once at setup (unless
+// BenchRequest::row_major_weights); the shape line then says so.
 // Tests: tests/test_fused_moe.cpp and tests/test_fused_moe_fp8.cpp call check_fused_moe.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
+#include "moekit/ops/layout.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -266,6 +272,73 @@ std::string scheme_label(const MoeShape& s) {
 
 }  // namespace
 
+Status pack_moe_weights(MoeProblem* p) {
+  Buffer packed[2];
+  Buffer* w[2] = {&p->w1, &p->w2};
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& v = w[i]->view;
+    packed[i] = Buffer(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+    packed[i].view.layout = Layout::cpu_vnni2_n32;
+    MOEKIT_RETURN_IF_ERROR(validate_pack_weight({v, packed[i].view}, /*inverse=*/false));
+  }
+  for (int i = 0; i < 2; ++i) {
+    MOEKIT_RETURN_IF_ERROR(pack_weight({w[i]->view, packed[i].view}));
+    *w[i] = std::move(packed[i]);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The packed-weights case of one problem (bf16 / f16 weights whose shape packs): the ref kernel on
+// the row_major weights is the reference; then the weights are packed (cpu_vnni2_n32) and every
+// non-ref kernel of the variant runs on them. Kernels that refuse packed weights are reported as
+// skipped; with only the ref kernel checked there is no packed case (tests/test_pack_weight.cpp
+// pins the ref kernel on packed weights).
+void run_packed_case(MoeProblem& prob, const std::string& name, const std::vector<const Kernel*>& kernels,
+                     std::vector<CaseResult>* results) {
+  const FusedMoeParams p0 = prob.params();
+  const MoeVariant variant = fused_moe_variant(p0);
+  const int64_t T = prob.shape.T, H = prob.shape.H;
+  if (variant != MoeVariant::unquantized || T == 0 || dtype_size(p0.w1.dtype) != 2 ||
+      p0.w1.layout != Layout::row_major) {
+    return;
+  }
+  if (p0.w1.shape[1] % kVnniPanelN != 0 || H % kVnniPanelN != 0) return;
+  const Kernel* rk = ref_kernel(variant);
+  const bool any = std::any_of(kernels.begin(), kernels.end(),
+                               [&](const Kernel* k) { return k->variant == variant && k->backend != Backend::ref; });
+  if (rk == nullptr || !any) return;
+  const std::string case_name = name + " weights cpu_vnni2_n32 (packed)";
+  const Status rs = run_kernel(prob, *rk);  // reference: the row_major weights
+  const std::vector<double> ref_out = rs.ok() ? read_out(prob.params().out) : std::vector<double>();
+  const Status ps = rs.ok() ? pack_moe_weights(&prob) : rs;
+  for (const Kernel* k : kernels) {
+    if (k->variant != variant || k->backend == Backend::ref) continue;
+    CaseResult r = make_result(k, case_name);
+    r.reference = "ref (row_major weights)";
+    if (!ps.ok()) {
+      r.detail = "setup failed: " + ps.to_string();
+      results->push_back(r);
+      continue;
+    }
+    const Status avail = registry().backend_available(k->backend);
+    const Status st = avail.ok() ? run_kernel(prob, *k) : avail;
+    if (!avail.ok() || st.code() == StatusCode::unsupported) {
+      r.ok = true;
+      r.detail = "skipped: " + st.message();
+    } else if (!st.ok()) {
+      r.detail = st.to_string();
+    } else {
+      r.ok = judge_moe(read_out(prob.params().out), ref_out, T, H,
+                       moe_tolerance(variant, prob.x_dtype, MoeCompare::kernel_vs_ref), &r.metrics, &r.detail);
+    }
+    results->push_back(r);
+  }
+}
+
+}  // namespace
+
 std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
   std::vector<CaseResult> results;
   const std::vector<const Kernel*> kernels = kernels_to_check(OpKind::fused_moe, req);
@@ -291,6 +364,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
           continue;
         }
         run_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);
+        run_packed_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);  // packs prob's weights
       }
     }
   }
@@ -310,6 +384,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
       continue;
     }
     run_case(prob, name.str(), kernels, &results);
+    run_packed_case(prob, name.str(), kernels, &results);  // last: it packs prob's weights
   }
   return results;
 }
@@ -528,6 +603,17 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   MOEKIT_RETURN_IF_ERROR(make_moe_problem(s, {}, req.shape.seed, &b->prob));
   b->params = b->prob.params();
   if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
+  // CPU kernels that take packed weights are timed on them: packed once here, like a model load.
+  bool packed = false;
+  if (!req.row_major_weights && k.backend == Backend::cpu && v == MoeVariant::unquantized &&
+      dtype_size(b->params.w1.dtype) == 2) {
+    FusedMoeParams probe = b->params;
+    probe.w1.layout = probe.w2.layout = Layout::cpu_vnni2_n32;
+    if (k.supports(&probe).ok() && pack_moe_weights(&b->prob).ok()) {
+      b->params = b->prob.params();
+      packed = true;
+    }
+  }
   b->kernel_name = k.name;
   b->opts.kernel = b->kernel_name.c_str();
   size_t ws = 0;
@@ -536,6 +622,7 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   b->opts.workspace = ws ? b->workspace.data() : nullptr;
   b->opts.workspace_bytes = ws;
   describe_bench(s, b->prob, b.get());
+  if (packed) b->shape += " weights cpu_vnni2_n32 (packed at setup)";
   *out = std::move(b);
   return Status::Ok();
 }

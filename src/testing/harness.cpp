@@ -291,6 +291,8 @@ const std::vector<OpHarness>& op_harnesses() {
       {OpKind::quantize_fp8, check_quantize_fp8, nullptr},
       {OpKind::convert_fp8, check_convert_fp8, nullptr},
       {OpKind::fused_moe, check_fused_moe, bench_fused_moe, bench_applies_fused_moe},
+      {OpKind::pack_weight, check_pack_weight, nullptr},
+      {OpKind::unpack_weight, check_unpack_weight, nullptr},
   };
   return kHooks;
 }

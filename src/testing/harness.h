@@ -214,6 +214,7 @@ struct BenchProblem {
 
 struct BenchRequest {
   ShapeRequest shape;
+  bool row_major_weights = false;  // fused_moe, CPU kernels: do not pack the weights at setup
 };
 
 struct OpHarness {
@@ -240,6 +241,8 @@ std::vector<CaseResult> check_shuffle_weight(const CheckRequest& req);
 std::vector<CaseResult> check_unshuffle_weight(const CheckRequest& req);
 std::vector<CaseResult> check_quantize_fp8(const CheckRequest& req);
 std::vector<CaseResult> check_convert_fp8(const CheckRequest& req);
+std::vector<CaseResult> check_pack_weight(const CheckRequest& req);    // check_pack_weight.cpp
+std::vector<CaseResult> check_unpack_weight(const CheckRequest& req);
 std::vector<CaseResult> check_fused_moe(const CheckRequest& req);
 
 Status bench_topk_softmax(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
@@ -248,6 +251,11 @@ Status bench_sigmoid_topk(const BenchRequest&, int64_t, const Kernel&, std::uniq
 Status bench_sort_tokens(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 Status bench_fused_moe(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k);
+// Replaces the problem's bf16/f16 w1 and w2 by their pack_weight(cpu_vnni2_n32) copies (the CPU
+// bf16 kernel's packed layout); an error (problem unchanged) when the weights cannot be packed.
+// Defined in check_fused_moe.cpp.
+struct MoeProblem;
+Status pack_moe_weights(MoeProblem* p);
 
 // Kernels of `op` that a check should run, given the backend filter.
 std::vector<const Kernel*> kernels_to_check(OpKind op, const CheckRequest& req);

@@ -379,6 +379,7 @@ int run_bench(const BenchArgs& a) {
           (void)testing::resolve_shape(req, T, &ms);  // validated in parse_problem_set
           testing::BenchRequest br;
           br.shape = req;
+          br.row_major_weights = a.row_major_weights;
           for (const Kernel* k : kernels) {
             if (h->bench_applies != nullptr && !h->bench_applies(br, *k)) continue;
             Row r;

@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--peak-gflops", bench.peak_gflops,
       "Arithmetic rate for the floor, GFLOP/s (default: measured)")
       ->type_name("Y");
+  bench_cmd->add_flag("--row-major-weights", bench.row_major_weights,
+                     "CPU fused_moe: keep the weights row_major (default: packed once at setup, see docs/cli.md)");
   bench_cmd->add_option("--compare", bench.compare,
                         "Also time the kernel of this backend (e.g. ref) on each problem: compare_us, speedup")
       ->type_name("BACKEND");

@@ -21,6 +21,8 @@ const char* device_name(Device d);
 enum class Layout : uint8_t {
   row_major,       // plain [.., N, K]
   shuffled_16x16,  // AITER shuffle_weight layout (16, 16) of SPEC 4
+  cpu_vnni2_n32,   // CPU VNNI-2 panels: [N/32][K/2][32][2] per matrix (pack_weight, moekit/ops/layout.h);
+                   //   16-bit elements, N % 32 == 0, K % 2 == 0
 };
 const char* layout_name(Layout l);
 

@@ -42,8 +42,9 @@ struct FusedMoeParams {
   TensorView x;             // [T, H] bf16|f16|f32 (row stride may exceed H; last dim contiguous)
   TensorView w1;            // [E, 2I, H] (g1u1) or [E, I, H] (g1u0), contiguous: x's dtype, or
                             //   fp8_e4m3fn; layout row_major or shuffled_16x16 (N1 % 16, H % 32)
+                            //   or cpu_vnni2_n32 (pack_weight; bf16/f16, N1 % 32, H % 2)
   TensorView w2;            // [E, H, I] contiguous: same dtype and layout as w1 (shuffled: H % 16,
-                            //   I % 32)
+                            //   I % 32; cpu_vnni2_n32: H % 32, I % 2)
   TensorView topk_ids;      // [T, k] i32 contiguous, global expert ids in [-1, Eg)
   TensorView topk_weights;  // [T, k] f32 contiguous
   TensorView out;           // [T, H] x's dtype (row stride may exceed H); only written when valid

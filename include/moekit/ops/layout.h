@@ -1,4 +1,4 @@
-// moekit/ops/layout.h: weight pre-layout (SPEC 4) [shuffle_weight].
+// moekit/ops/layout.h: weight pre-layout (SPEC 4) [shuffle_weight, pack_weight].
 //
 // shuffle_weight: bit-exact AITER (16, 16) layout. With V = 16 bytes / element size (f32: 4,
 // bf16/f16: 8, fp8: 16), each [N, K] matrix viewed as [N/16, 16, K/32, 32/V, V] is permuted to
@@ -49,5 +49,47 @@ Status shuffle_weight(const ShuffleWeightParams& p, const RunOptions& opts = {})
 Status unshuffle_weight(const ShuffleWeightParams& p, const RunOptions& opts = {});
 // inverse = false: the shuffle_weight contract; true: the unshuffle_weight contract.
 Status validate_shuffle_weight(const ShuffleWeightParams& p, bool inverse);
+
+// ---------------------------------------------------------------- pack_weight / unpack_weight
+// pack_weight: row-major weights -> a kernel-specific packed layout named by out.layout (the
+// target); unpack_weight: the exact inverse (the packed layout named by in.layout). Done once at
+// load; the tag travels with the tensor, so a packed weight is never read as plain. Targets:
+//   cpu_vnni2_n32 (the AVX-512 BF16 fused_moe kernel, fused_moe_avx512_bf16): each [N, K] matrix
+//     becomes panels of 32 rows; inside a panel, K-pairs outermost, then the 32 rows, then the
+//     pair, i.e. [N/32][K/2][32][2]:
+//       dst(n, c) = ((n/32 * K/2 + c/2) * 32 + n%32) * 2 + c%2
+//     so one 64-byte vector holds 16 rows x one K-pair (the operand of vdpbf16ps), and a panel is
+//     read front to back as K advances.
+// Contract (validated before anything is written; messages name the argument and the value):
+//   - in / out: 2-4 dims [..., N, K], contiguous, the same shape and dtype, same device; dtype of
+//     2 bytes (bf16, f16), moved as raw bits.
+//   - cpu_vnni2_n32: N % 32 == 0 and K % 2 == 0.
+//   - pack_weight: in.layout == row_major, out.layout a packed layout (cpu_vnni2_n32);
+//     unpack_weight: in.layout packed, out.layout == row_major.
+//   - out must not overlap in. A tensor with no elements returns at once.
+// Test: tests/test_pack_weight.cpp (suites PackWeight, UnpackWeight).
+constexpr int64_t kVnniPanelN = 32;  // rows per cpu_vnni2_n32 panel
+constexpr int64_t kVnniPairK = 2;    // K elements per VNNI pair
+
+struct PackWeightParams {
+  TensorView in;   // [..., N, K] (2-4 dims, contiguous), bf16 or f16; row_major (pack) or packed (unpack)
+  TensorView out;  // same shape and dtype, contiguous; the target layout (pack) or row_major (unpack);
+                   //   must not overlap `in`
+};
+
+// Element offset of (n, c) inside one packed [N, K] matrix of layout cpu_vnni2_n32.
+constexpr int64_t vnni2_index(int64_t n, int64_t c, int64_t K) {
+  return ((n / kVnniPanelN * (K / kVnniPairK) + c / kVnniPairK) * kVnniPanelN + n % kVnniPanelN) * kVnniPairK +
+         c % kVnniPairK;
+}
+static_assert(vnni2_index(0, 1, 8) == 1, "the pair partner follows");
+static_assert(vnni2_index(1, 0, 8) == 2, "row 1 follows row 0's pair");
+static_assert(vnni2_index(0, 2, 8) == 64, "the next K-pair follows the 32 rows");
+static_assert(vnni2_index(32, 0, 8) == 256, "panel 1 follows panel 0 (32 x 8 elements)");
+
+Status pack_weight(const PackWeightParams& p, const RunOptions& opts = {});
+Status unpack_weight(const PackWeightParams& p, const RunOptions& opts = {});
+// inverse = false: the pack_weight contract; true: the unpack_weight contract.
+Status validate_pack_weight(const PackWeightParams& p, bool inverse);
 
 }  // namespace moekit

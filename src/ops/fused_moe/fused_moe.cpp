@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "moekit/ops/fused_moe.h"
+#include "moekit/ops/layout.h"
 
 namespace moekit {
 
@@ -90,6 +91,20 @@ Status check_shuffle_dims(const TensorView& w, const char* name) {
   return Status::Ok();
 }
 
+// Packed cpu_vnni2_n32 weights (moekit/ops/layout.h) need 16-bit elements, N % 32 == 0 and K % 2 == 0.
+Status check_vnni2_dims(const TensorView& w, const char* name) {
+  if (w.layout != Layout::cpu_vnni2_n32) return Status::Ok();
+  if (dtype_size(w.dtype) != 2) {
+    return InvalidArgument(name, ": layout cpu_vnni2_n32 needs 16-bit elements (bf16, f16), got ", dtype_name(w.dtype));
+  }
+  const int64_t N = w.shape[1], K = w.shape[2];
+  if (N % kVnniPanelN != 0 || K % kVnniPairK != 0) {
+    return InvalidArgument(name, ": layout cpu_vnni2_n32 needs N % 32 == 0 and K % 2 == 0, got [N, K] = [", N, ", ",
+                           K, "]");
+  }
+  return Status::Ok();
+}
+
 // Shapes, dtypes, layouts, scales and devices (no data reads).
 Status validate_meta(const FusedMoeParams& p) {
   // x, out
@@ -124,6 +139,8 @@ Status validate_meta(const FusedMoeParams& p) {
   }
   MOEKIT_RETURN_IF_ERROR(check_shuffle_dims(p.w1, "w1"));
   MOEKIT_RETURN_IF_ERROR(check_shuffle_dims(p.w2, "w2"));
+  MOEKIT_RETURN_IF_ERROR(check_vnni2_dims(p.w1, "w1"));
+  MOEKIT_RETURN_IF_ERROR(check_vnni2_dims(p.w2, "w2"));
 
   // expert parallelism tables
   int64_t Eg = E;

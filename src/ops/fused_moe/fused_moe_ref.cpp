@@ -84,6 +84,8 @@ void load_weight_row(const TensorView& w, int64_t e, int64_t n, float* row) {
   const int64_t base = e * N * K;
   if (w.layout == Layout::row_major) {
     for (int64_t c = 0; c < K; ++c) row[c] = load_as_f32(w.data, w.dtype, base + n * K + c);
+  } else if (w.layout == Layout::cpu_vnni2_n32) {
+    for (int64_t c = 0; c < K; ++c) row[c] = load_as_f32(w.data, w.dtype, base + vnni2_index(n, c, K));
   } else {
     const int eb = dtype_size(w.dtype);
     for (int64_t c = 0; c < K; ++c) row[c] = load_as_f32(w.data, w.dtype, base + shuffle_index(n, c, K, eb));
