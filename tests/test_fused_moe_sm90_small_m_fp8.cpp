@@ -74,14 +74,15 @@ void expect_matches_ref(MoeProblem& prob) {
       << detail << " | worst " << m.worst;
 }
 
-// Every case ok and the fp8 CUDA kernel really ran.
+// Every case ok and the fp8 CUDA kernel really ran (except the refusals named below).
 void expect_ran(const std::vector<CaseResult>& results) {
   expect_all_ok(results);
   int ran = 0;
   for (const CaseResult& r : results) {
     if (r.kernel != kRow && r.kernel != kTkw1) continue;
-    EXPECT_TRUE(r.detail.rfind("skipped", 0) != 0 || r.name.find("shuffled") != std::string::npos)
-        << r.name << " | " << r.detail;
+    // Refused by design: shuffled weights and H or I not multiples of 16 (the "H=200 I=72" case).
+    const bool may_skip = r.name.find("shuffled") != std::string::npos || r.name.find("H=200") != std::string::npos;
+    EXPECT_TRUE(r.detail.rfind("skipped", 0) != 0 || may_skip) << r.name << " | " << r.detail;
     ran += r.detail.rfind("skipped", 0) == 0 ? 0 : 1;
   }
   EXPECT_GT(ran, 0);
