@@ -1,42 +1,37 @@
 // The fp8 W8A8 stages of fused_moe_sm90_small_m (SPEC 3.2 fp8 per-tensor / per-row weights, 3.4
 // router weight on the input), decode-sized T: e4m3fn weights streamed once with 16-byte loads (16
-// codes each) and decoded in registers with integer ops (see below), activations quantized exactly as the
+// codes each) and decoded in registers (cvt.rn.f16x2.e4m3x2), activations quantized exactly as the
 // reference does (fused_moe_ref_fp8.cpp, run_row):
 //   s_t = max(amax(x_t), 1e-12) / 448 (or the static a1_scale), xq = e4m3fn(x_t / s_t);
 //   h[n] = (xq . w1q[e, n]) * s_t * w1_scale[e, n]   ([E] scales: per tensor); tkw1: h *= w;
 //   a = act(g) * u in f32 (workspace), re-quantized per slot row: s_a, aq = e4m3fn(a / s_a);
 //   y[c] = (aq . w2q[e, c]) * s_a * w2_scale[e, c]; then the combine stage of the bf16 path.
-// The quantized rows are staged in shared memory as bf16 (every e4m3fn value is exact in bf16, and
-// bf16 -> f32 is a shift). Weight codes are decoded with integer ops, not the F2F conversion pipe
-// (16 per clock per SM, the limiter of a cvt-based decode): the code's exponent and mantissa bits
-// are placed in the f32 exponent / mantissa fields, which gives value * 2^-120 for normals and
-// subnormals alike; the 2^120 is folded into the final scale (exact, a power of two). Each dot
-// accumulates exact fp8 x fp8 products in f32. Included by fused_moe_sm90_small_m.cu inside its
+// The quantized rows are staged in shared memory as f16 (every e4m3fn value is exact in f16), each
+// dot accumulates exact fp8 x fp8 products in f32. Included by fused_moe_sm90_small_m.cu inside its
 // anonymous namespace (uses its Args, tables, helpers and constants).
 // Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.Fp8*), against the reference.
 #pragma once
 
-constexpr float kE4m3Unscale = 1.329227995784916e36f;  // 2^120: undoes the decode's 2^-120
-
-// Decodes 16 e4m3fn codes (one 16-byte vector) to f32 values times 2^-120 (see the top). The NaN
-// code 0x7f/0xff decodes to a finite value: weights are finite codes (saturating quantization).
-__device__ __forceinline__ void unpack16_e4m3_scaled(const uint4& v, float (&f)[16]) {
+// Decodes 16 e4m3fn codes (one 16-byte vector) to f32.
+__device__ __forceinline__ void unpack16_e4m3(const uint4& v, float (&f)[16]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t t = w[q] << (24 - 8 * j);  // code j in the top byte
-      f[4 * q + j] = __uint_as_float((t & 0x80000000u) | ((t >> 4) & 0x07F00000u));
+    for (int h = 0; h < 2; ++h) {
+      const uint16_t pair = uint16_t(w[q] >> (16 * h));
+      uint32_t hh;
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hh) : "h"(pair));
+      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&hh));
+      f[4 * q + 2 * h] = p.x;
+      f[4 * q + 2 * h + 1] = p.y;
     }
   }
 }
 
-// acc[r][m] += 2^-120 * sum over K of fp8 weight row r times staged bf16 row m. K % 16 == 0.
-// Lane-partial sums.
+// acc[r][m] += sum over K of fp8 weight row r times staged f16 row m. K % 16 == 0. Lane-partial sums.
 template <int RP, int MC>
-__device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], const __nv_bfloat16* xs, int K,
-                                              int lane,
+__device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], const __half* xs, int K, int lane,
                                               float (&acc)[RP][MC]) {
   const int nvec = K / 16;
   for (int c0 = lane; c0 < nvec; c0 += 32 * kUnroll) {
@@ -55,12 +50,12 @@ __device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], 
       if (c >= nvec) break;
       float wf[RP][16];
 #pragma unroll
-      for (int r = 0; r < RP; ++r) unpack16_e4m3_scaled(wv[r][u], wf[r]);
+      for (int r = 0; r < RP; ++r) unpack16_e4m3(wv[r][u], wf[r]);
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
         float xlo[8], xhi[8];
-        unpack8<__nv_bfloat16>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c], xlo);
-        unpack8<__nv_bfloat16>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c + 1], xhi);
+        unpack8<__half>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c], xlo);
+        unpack8<__half>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c + 1], xhi);
 #pragma unroll
         for (int r = 0; r < RP; ++r) {
 #pragma unroll
@@ -90,10 +85,10 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return m;
 }
 
-// Quantizes src[0..n) (global, XT) into dst (shared, bf16 values of the codes) with the dynamic
+// Quantizes src[0..n) (global, XT) into dst (shared, f16 values of the codes) with the dynamic
 // scale max(amax, 1e-12) / 448, or `fixed` when > 0; returns the scale. Whole CTA.
 template <class XT>
-__device__ __forceinline__ float stage_quantized(__nv_bfloat16* dst, const XT* src, int n, float fixed, float* red) {
+__device__ __forceinline__ float stage_quantized(__half* dst, const XT* src, int n, float fixed, float* red) {
   float s = fixed;
   if (!(fixed > 0.0f)) {
     float amax = 0.0f;
@@ -101,7 +96,7 @@ __device__ __forceinline__ float stage_quantized(__nv_bfloat16* dst, const XT* s
     s = fmaxf(block_max(amax, red), kFp8AmaxFloor) / kFp8E4m3fnMax;
   }
   for (int c = threadIdx.x; c < n; c += kThreads) {
-    dst[c] = __float2bfloat16_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(to_f32(src[c]) / s)));
+    dst[c] = __float2half_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(to_f32(src[c]) / s)));
   }
   return s;
 }
@@ -110,7 +105,7 @@ __device__ __forceinline__ float weight_scale(const float* s, bool per_row, int 
   return per_row ? s[int64_t(e) * N + n] : s[e];
 }
 
-// Stage 1 (fp8): grid as gate_up_kernel; a[slot, i] in f32. Dynamic shared memory: MC x H bf16.
+// Stage 1 (fp8): grid as gate_up_kernel; a[slot, i] in f32. Dynamic shared memory: MC x H f16.
 template <class T, int MC>
 __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
   wait_for_predecessor();
@@ -119,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
   const int e = tb.active[blockIdx.y];
   const int count = tb.counts[e], first = tb.offsets[e];
   extern __shared__ uint4 smem_raw[];
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
   __shared__ float s_scale[MC];
   __shared__ float s_red[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -137,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
                                            fixed, s_red);
         if (threadIdx.x == 0) s_scale[m] = s;
       } else {
-        zero_row<__nv_bfloat16>(xs + size_t(m) * p.H, p.H);
+        zero_row<__half>(xs + size_t(m) * p.H, p.H);
         if (threadIdx.x == 0) s_scale[m] = 0.0f;
       }
     }
@@ -163,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
     }
     if (lane < mc) {
       const int slot = tb.slot_list[first + c0 + lane];
-      const float sx = s_scale[lane] * kE4m3Unscale;
+      const float sx = s_scale[lane];
       const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
       g = g * sx * weight_scale(p.w1s, p.ws_rows, e, i, N1) * w;
       float a;
@@ -187,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
   const int e = tb.active[blockIdx.y];
   const int count = tb.counts[e], first = tb.offsets[e];
   extern __shared__ uint4 smem_raw[];
-  __nv_bfloat16* as = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __half* as = reinterpret_cast<__half*>(smem_raw);
   __shared__ float s_scale[MC];
   __shared__ float s_red[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -203,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
                                                static_cast<const float*>(p.a) + int64_t(slot) * p.I, p.I, 0.0f, s_red);
         if (threadIdx.x == 0) s_scale[m] = s;
       } else {
-        zero_row<__nv_bfloat16>(as + size_t(m) * p.I, p.I);
+        zero_row<__half>(as + size_t(m) * p.I, p.I);
         if (threadIdx.x == 0) s_scale[m] = 0.0f;
       }
     }
@@ -220,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
     }
     if (lane < mc) {
       const int slot = tb.slot_list[first + c0 + lane];
-      const float sa = s_scale[lane] * kE4m3Unscale;
+      const float sa = s_scale[lane];
       y0 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0, p.H);
       y1 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0 + 1, p.H);
       *reinterpret_cast<float2*>(p.y + int64_t(slot) * p.H + h0) = make_float2(y0, y1);
