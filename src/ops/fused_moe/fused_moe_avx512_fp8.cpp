@@ -11,19 +11,15 @@
 //   stage 2  (threads over experts x blocks of 16 hidden rows): y[slot, h] = (aq . w2q[e][h]) *
 //            s_a * row_scale.
 //   stage 3  (threads over tokens): out[t] = sum_j w_tj * y[t*k + j] in slot order, one rounding.
-// fp8 e4m3fn weights are decoded on the fly, 16 codes at a time, never expanded in memory: the
-// byte is sign-extended to 32 bits and shifted left by 20, which puts the sign at bit 31 (the
-// copies at bits 30..27 are masked off) and the 4 exponent + 3 mantissa bits at the top of the f32
-// exponent / mantissa; the f32 with those bits is the code value times 2^-120 EXACTLY for every
-// code incl. subnormals (those become f32 denormals, which the default MXCSR keeps). The 2^-120 is
-// undone once per dot product (x 2^120, exact) instead of once per 16 codes: a product of a decoded
-// weight (4 significant bits, >= 2^-129) and an fp8 activation value (>= 2^-9) needs 8 bits at
-// >= 2^-138, so it is exact even as a denormal. NaN codes (0x7F, 0xFF) decode to NaN, as in the
-// reference. Each weight row is software-prefetched kPrefetch bytes ahead into L2: with 1-byte
-// weights the out-of-order window covers half the bytes it covers for bf16, and the hardware
-// prefetchers alone left the one-token case short of the DRAM bandwidth.
+// fp8 e4m3fn weights are decoded on the fly, 16 codes at a time, never expanded in memory, as
+// code value x 2^-120 (moe::decode16_fp8, fused_moe_avx512_fp8.h); the 2^-120 is undone once per
+// dot product (x 2^120, exact). NaN codes decode to NaN, as in the reference. Each weight row is
+// software-prefetched kPrefetch bytes ahead into L2: with 1-byte weights the out-of-order window
+// covers half the bytes it covers for bf16, and the hardware prefetchers alone left the one-token
+// case short of the DRAM bandwidth.
 // Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
-// a fixed order. AVX-512 through target attributes: no special flags for this file.
+// a fixed order. AVX-512 through target attributes: no special flags for this file; supports()
+// refuses CPUs without AVX-512 F/BW/VL (moe::require_avx512).
 // Test: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8); `moekit check --backend cpu`.
 #include <immintrin.h>
 
@@ -32,6 +28,7 @@
 
 #include "cpu/thread_pool.h"
 #include "moekit/ops/fused_moe.h"
+#include "ops/fused_moe/fused_moe_avx512_fp8.h"
 #include "ops/fused_moe/fused_moe_cpu.h"
 #include "ops/fused_moe/fused_moe_ref.h"
 
@@ -76,6 +73,7 @@ Scratch carve(const FusedMoeParams& p, void* ws) {
 }
 
 Status supports(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(moe::require_avx512("fused_moe_avx512_fp8_row", cpu_features(), false));
   MOEKIT_RETURN_IF_ERROR(moe::require_host(p));
   if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16 && p.x.dtype != DType::f32) {
     return Unsupported("fused_moe_avx512_fp8_row: x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
@@ -98,25 +96,6 @@ Status supports(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-// 16 fp8 e4m3fn codes at w -> their f32 values times 2^-120 (see the file comment).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 decode16(const uint8_t* w) {
-  // NOTE: the maskz forms with a full mask, not _mm512_cvtepi8_epi32 / _mm512_slli_epi32, whose
-  // _mm512_undefined_epi32 trips a false -Wmaybe-uninitialized in GCC 12's headers.
-  const __m512i v = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m512i bits = _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
-  return _mm512_castsi512_ps(bits);
-}
-
-// Sum of the 16 lanes in a fixed order. NOTE: not _mm512_reduce_add_ps, which trips a false
-// -Wmaybe-uninitialized in GCC 12's headers.
-__attribute__((target("avx512f"))) inline float hsum(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0.0f;
-  for (float x : t) s += x;
-  return s;
-}
-
 // dots[r][q] = w row r . v[q] over K (K % 16 == 0) for R weight rows and NT activation rows.
 // R x NT independent accumulators hide the FMA latency at one token.
 template <int R, int NT>
@@ -131,13 +110,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const 
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       if ((kk & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + kk + kPrefetch), _MM_HINT_T1);
-      const __m512 vw = decode16(w[r] + kk);
+      const __m512 vw = moe::decode16_fp8(w[r] + kk);
 #pragma GCC unroll 4
       for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_fmadd_ps(vw, _mm512_loadu_ps(v[q] + kk), acc[r][q]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < NT; ++q) dots[r][q] = hsum(acc[r][q]) * 0x1p120f;
+    for (int q = 0; q < NT; ++q) dots[r][q] = moe::hsum16(acc[r][q]) * 0x1p120f;
   }
 }
 
