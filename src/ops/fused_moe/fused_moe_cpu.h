@@ -1,7 +1,8 @@
 // Pieces shared by the CPU fused_moe kernels (fused_moe_avx512.cpp: bf16, fused_moe_avx512_fp8.cpp:
-// fp8 per-row): the host-tensor check, the workspace carver, stage 0 (entries grouped by local
-// expert) and stage 3 (the per-token sum over k in slot order, one rounding). Plain C++: no
-// AVX-512 here, so it runs on any x86-64.
+// fp8 per-row, fused_moe_avx512_fp8_block.cpp: fp8 block scales, fused_moe_cpu_generic.cpp: the
+// portable kernels): the host-tensor check, the AVX-512 CPU-feature check, the workspace carver,
+// stage 0 (entries grouped by local expert) and stage 3 (the per-token sum over k in slot order,
+// one rounding). Plain C++: no AVX-512 here, so it runs on any x86-64.
 #pragma once
 
 #include <cstddef>

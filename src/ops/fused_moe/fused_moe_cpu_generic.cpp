@@ -10,9 +10,9 @@
 //            the reference does it for the variant: per token (fp8_row, dynamic or static
 //            a1_scale) or per (token, bk-group) (fp8_block), into a [T, H] scratch of code values.
 //   stage 1  (threads over experts x panels of kPanel w1 rows): the panel's rows are decoded to
-//            f32 into a per-thread buffer (bf16 / f16 / f32 / fp8 code values, any layout), then
-//            dotted with each entry's x row: h[slot, n] (scaled as the variant says, times the
-//            router weight with weight_on_input).
+//            f32 into a per-thread buffer of <= 32 KiB (bf16 / f16 / f32 / fp8 code values, any
+//            layout), then dotted with each entry's x row: h[slot, n] (scaled as the variant says,
+//            times the router weight with weight_on_input).
 //   stage 1b (threads over slots): a = act(g) * u; rounded to x's dtype (unquantized with
 //            round_intermediate) or re-quantized to fp8 per slot (fp8_row) / per (slot, group).
 //   stage 2  (threads over experts x panels of w2 rows): y[slot, c] = w2[e][c] . a (scaled).
@@ -22,6 +22,7 @@
 // a fixed order. Test: tests/test_fused_moe_cpu_generic.cpp (suite FusedMoeCpuGeneric), which
 // forces these kernels through RunOptions.kernel; `moekit check --backend cpu`.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -36,12 +37,13 @@ void register_fused_moe_cpu_generic(Registry& r);
 
 namespace {
 
-constexpr int64_t kPanel = 8;  // weight rows decoded per task step (entries loop inside)
+constexpr int64_t kPanel = 8;             // weight rows per task
+constexpr int64_t kPanelBytes = 32 << 10;  // decoded rows kept in L1 while the entries loop runs
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define MOEKIT_DOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MOEKIT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
-#define MOEKIT_DOT_CLONES
+#define MOEKIT_CLONES
 #endif
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -97,7 +99,7 @@ Status supports(const FusedMoeParams& p) {
 // f32 dot product of a[0..n) and b[0..n): 16 partial sums (lane j takes indices = j mod 16)
 // added in a fixed order, then the tail. NOTE: the 16 lanes are what lets the compiler vectorise
 // without -ffast-math; the clones give AVX2 + FMA where the CPU has it, SSE2 elsewhere.
-MOEKIT_DOT_CLONES float dot(const float* a, const float* b, int64_t n) {
+MOEKIT_CLONES float dot(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -111,10 +113,28 @@ MOEKIT_DOT_CLONES float dot(const float* a, const float* b, int64_t n) {
   return acc[0] + tail;
 }
 
+// fp8 e4m3fn codes s[0..n) -> their f32 values, the same as e4m3fn_bits_to_f32 but branch-free so
+// that the loop vectorises: normal codes by moving the exponent / mantissa bits into place and
+// re-biasing the exponent (+120), subnormal codes (exponent 0) as m * 2^-9 (exact), NaN codes
+// (0x7F, 0xFF) as a quiet NaN; then the sign bit.
+MOEKIT_CLONES void decode_fp8_row(const uint8_t* s, int64_t n, float* row) {
+  for (int64_t c = 0; c < n; ++c) {
+    const uint32_t em = s[c] & 0x7Fu;
+    const float sub = float(int32_t(em)) * 0x1p-9f;
+    uint32_t sub_bits;
+    std::memcpy(&sub_bits, &sub, 4);
+    // NOTE: all-ones / zero masks instead of ?: -- GCC 12 does not vectorise the selects.
+    const uint32_t normal = 0u - uint32_t(em >= 8u), nan = 0u - uint32_t(em == 0x7Fu);
+    uint32_t bits = (((em << 20) + (120u << 23)) & normal) | (sub_bits & ~normal);
+    bits = (0x7FC00000u & nan) | (bits & ~nan) | (uint32_t(s[c] & 0x80u) << 24);
+    std::memcpy(row + c, &bits, 4);
+  }
+}
+
 // Row n of expert e of weight w ([E, N, K]) decoded to f32 (fp8: code values, unscaled) into row.
-// fp8 goes through lut (the 256 code values); row_major rows are converted in one pass, other
+// row_major rows are converted in one pass, other
 // layouts element by element through the reference's index map.
-void decode_row(const TensorView& w, const float* lut, int64_t e, int64_t n, float* row) {
+void decode_row(const TensorView& w, int64_t e, int64_t n, float* row) {
   const int64_t N = w.shape[1], K = w.shape[2];
   if (w.layout != Layout::row_major) {
     ref::moe::load_weight_row(w, e, n, row);
@@ -133,11 +153,7 @@ void decode_row(const TensorView& w, const float* lut, int64_t e, int64_t n, flo
       for (int64_t c = 0; c < K; ++c) row[c] = f16_bits_to_f32(s[c]);
       return;
     }
-    default: {
-      const uint8_t* s = w.ptr<const uint8_t>() + off;
-      for (int64_t c = 0; c < K; ++c) row[c] = lut[s[c]];
-      return;
-    }
+    default: decode_fp8_row(w.ptr<const uint8_t>() + off, K, row); return;
   }
 }
 
@@ -172,26 +188,31 @@ void quantize_groups(float* v, int64_t n, int64_t bk, float* s) {
 // out[slot, n] = row_dot(w row n, v[slot]) for every entry of each active expert, n in [0, N):
 // tasks = active experts x panels of kPanel rows. Stage 1 (w1, v = x rows per token, first: times
 // the input-side router weight, out = h) and stage 2 (w2, v = a rows per slot, out = y).
-void gemm_entries(const FusedMoeParams& p, const Scratch& s, const float* lut, const TensorView& w,
+void gemm_entries(const FusedMoeParams& p, const Scratch& s, const TensorView& w,
                   const TensorView& ws, const float* v, const float* vs, bool v_per_token, int64_t vs_stride,
                   bool first, float* out) {
   const MoeDims d = moe_dims(p);
   const int64_t N = w.shape[1], K = w.shape[2];
   const int64_t np = ceil_div(N, kPanel);
   const float* tw = p.topk_weights.ptr<const float>();
+  // Rows decoded at a time: as many as fit in ~32 KiB (L1), at least 1, at most the task's kPanel.
+  const int64_t sub = std::clamp<int64_t>(kPanelBytes / (4 * K), 1, kPanel);
   parallel_for(s.n_active * np, [&](int64_t b, int64_t end) {
-    std::vector<float> panel(static_cast<size_t>(kPanel * K));
+    std::vector<float> panel(static_cast<size_t>(sub * K));
     for (int64_t task = b; task < end; ++task) {
       const int32_t e = s.active[task / np];
-      const int64_t n0 = (task % np) * kPanel, rows = std::min(kPanel, N - n0);
-      for (int64_t r = 0; r < rows; ++r) decode_row(w, lut, e, n0 + r, panel.data() + r * K);
-      for (int32_t q = s.offset[e]; q < s.offset[e + 1]; ++q) {
-        const int64_t slot = s.entry[q];
-        const int64_t vrow = v_per_token ? slot / d.k : slot;
-        const float win = first ? ref::moe::slot_weight(p, tw[slot]).in : 1.0f;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float h = row_dot(p, ws, panel.data() + r * K, v + vrow * K, vs + vrow * vs_stride, e, n0 + r, N, K);
-          out[slot * N + n0 + r] = h * win;
+      const int64_t n1 = std::min(N, (task % np + 1) * kPanel);
+      for (int64_t n0 = (task % np) * kPanel; n0 < n1; n0 += sub) {
+        const int64_t rows = std::min(sub, n1 - n0);
+        for (int64_t r = 0; r < rows; ++r) decode_row(w, e, n0 + r, panel.data() + r * K);
+        for (int32_t q = s.offset[e]; q < s.offset[e + 1]; ++q) {
+          const int64_t slot = s.entry[q];
+          const int64_t vrow = v_per_token ? slot / d.k : slot;
+          const float win = first ? ref::moe::slot_weight(p, tw[slot]).in : 1.0f;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float h = row_dot(p, ws, panel.data() + r * K, v + vrow * K, vs + vrow * vs_stride, e, n0 + r, N, K);
+            out[slot * N + n0 + r] = h * win;
+          }
         }
       }
     }
@@ -206,10 +227,6 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
   const bool fp8 = is_fp8(p);
   const int64_t gh = groups(p, d.H), gi = groups(p, d.I);
   const int64_t bkh = p.scale_block_k > 0 ? p.scale_block_k : d.H, bki = p.scale_block_k > 0 ? p.scale_block_k : d.I;
-  float lut[256] = {};
-  if (fp8) {
-    for (int c = 0; c < 256; ++c) lut[c] = e4m3fn_bits_to_f32(uint8_t(c));
-  }
   // Stage 0b: x rows as f32, quantized for fp8 (in place: the amax is read first).
   parallel_for(d.T, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -224,7 +241,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       }
     }
   });
-  gemm_entries(p, s, lut, p.w1, p.w1_scale, s.x, s.xs, true, gh, true, s.h);  // stage 1
+  gemm_entries(p, s, p.w1, p.w1_scale, s.x, s.xs, true, gh, true, s.h);  // stage 1
   // Stage 1b: a = act(g) * u, then rounded or re-quantized per slot / group.
   parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
     for (int64_t q = b; q < e; ++q) {
@@ -238,7 +255,7 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       }
     }
   });
-  gemm_entries(p, s, lut, p.w2, p.w2_scale, s.a, s.as, false, gi, false, s.y);// stage 2
+  gemm_entries(p, s, p.w2, p.w2_scale, s.a, s.as, false, gi, false, s.y);// stage 2
   moe::combine_slots(p, d, s, s.y);                                   // stage 3
   return Status::Ok();
 }
