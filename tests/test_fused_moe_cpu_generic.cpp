@@ -10,6 +10,7 @@
 
 #include "cpu/cpu_features.h"
 #include "fused_moe_test_util.h"
+#include "moekit/core/config.h"
 #include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_cpu.h"
 #include "testing/harness.h"
@@ -184,26 +185,62 @@ TEST(FusedMoeCpuGeneric, Avx512Fp8BlockEdgeCases) {
   expect_matches_ref(gelu, {}, 23, "gelu", k);
 }
 
-TEST(FusedMoeCpuGeneric, PickedWhereNoAvx512KernelApplies) {
-  // f16 / f32 and shuffled weights have no AVX-512 kernel: dispatch on the cpu backend picks the
-  // generic one; fp8_block picks the AVX-512 kernel where the CPU has it.
-  for (Scheme sc : {Scheme::f16, Scheme::f32}) {
-    MoeProblem p = testing::moe_test::make(small_shape(sc));
-    const FusedMoeParams f = p.params();
-    RunOptions o;
-    const Kernel* k = nullptr;
-    ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::unquantized, &f, o, "t", &k).ok());
-    if (k->backend == Backend::cpu) {
-      EXPECT_STREQ(k->name, "fused_moe_cpu_generic");
+TEST(FusedMoeCpuGeneric, Avx512FmaEdgeCases) {
+  // fused_moe_avx512_fma: unquantized bf16 / f16 / f32 weights widened in registers.
+  if (!has_avx512()) GTEST_SKIP() << "CPU lacks AVX-512";
+  constexpr const char* k = "fused_moe_avx512_fma";
+  for (Scheme sc : {Scheme::bf16, Scheme::f16, Scheme::f32}) {
+    const std::string n = testing::scheme_name(sc);
+    for (int64_t T : {1, 2, 3, 4, 9}) {  // 1 to 4 entries per register block and their tails
+      expect_matches_ref(small_shape(sc, T, 4, 2, 64, 96), {}, uint64_t(T), n + " T=" + std::to_string(T), k);
     }
+    expect_matches_ref(small_shape(sc, 7, 6, 2, 48, 80), {}, 30, n + " H=48 I=80 (not multiples of 32)", k);
+    MoeProblemOptions nr;
+    nr.round_intermediate = false;
+    expect_matches_ref(small_shape(sc), nr, 31, n + " round_intermediate=false", k);
+    MoeProblemOptions g1u0;
+    g1u0.g1u1 = false;
+    expect_matches_ref(small_shape(sc), g1u0, 32, n + " g1u0", k);
+    MoeProblemOptions pad;
+    pad.row_pad = 3;
+    expect_matches_ref(small_shape(sc), pad, 33, n + " row-strided x/out", k);
+    MoeProblemOptions mask;
+    mask.local_experts = 3;
+    mask.ep = testing::ExpertParallel::mask;
+    expect_matches_ref(small_shape(sc, 9, 8), mask, 34, n + " expert_mask", k);
+    MoeShape woi = small_shape(sc, 5, 6, 1);
+    woi.weight_on_input = true;
+    expect_matches_ref(woi, {}, 35, n + " weight_on_input", k);
+    MoeShape gelu = small_shape(sc, 5);
+    gelu.activation = Activation::gelu_tanh;
+    expect_matches_ref(gelu, {}, 36, n + " gelu_tanh", k);
   }
-  MoeProblem b = testing::moe_test::make(small_shape(Scheme::fp8_block, 3, 6, 2, 256, 128));
-  const FusedMoeParams f = b.params();
-  const Kernel* k = nullptr;
-  ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::fp8_block, &f, RunOptions{}, "t", &k).ok());
-  if (k->backend == Backend::cpu) {
-    EXPECT_STREQ(k->name, has_avx512() ? "fused_moe_avx512_fp8_block" : "fused_moe_cpu_generic_fp8_block");
+}
+
+TEST(FusedMoeCpuGeneric, DispatchPicksTheAvx512KernelsElseTheGenericOnes) {
+  // The cpu backend's choice: f16 / f32 -> fused_moe_avx512_fma, fp8_block ->
+  // fused_moe_avx512_fp8_block where the CPU has AVX-512; shuffled weights (no AVX-512 kernel
+  // reads them) and CPUs without AVX-512 -> the generic kernels.
+  auto pick = [](const MoeShape& s, const MoeProblemOptions& o) {
+    MoeProblem p = testing::moe_test::make(s, o);
+    const FusedMoeParams f = p.params();
+    Config cfg;
+    cfg.backend = "cpu";
+    const Kernel* k = nullptr;
+    const Status st = registry().select_with(cfg, OpKind::fused_moe, fused_moe_variant(f), &f, RunOptions{}, "t", &k);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return std::string(k ? k->name : "-");
+  };
+  const bool avx = has_avx512();
+  for (Scheme sc : {Scheme::f16, Scheme::f32}) {
+    EXPECT_EQ(pick(small_shape(sc), {}), avx ? "fused_moe_avx512_fma" : "fused_moe_cpu_generic");
   }
+  EXPECT_EQ(pick(small_shape(Scheme::fp8_block, 3, 6, 2, 256, 128), {}),
+            avx ? "fused_moe_avx512_fp8_block" : "fused_moe_cpu_generic_fp8_block");
+  MoeProblemOptions shuf;
+  shuf.shuffled = true;
+  EXPECT_EQ(pick(small_shape(Scheme::f16), shuf), "fused_moe_cpu_generic");
+  EXPECT_EQ(pick(small_shape(Scheme::fp8_channel), shuf), "fused_moe_cpu_generic_fp8_row");
 }
 
 TEST(FusedMoeCpuGeneric, Avx512KernelsRefuseACpuWithoutTheFeature) {
