@@ -69,8 +69,7 @@ void expect_matches_ref(const MoeShape& s, const MoeProblemOptions& o, uint64_t 
   testing::Metrics m;
   std::string detail;
   EXPECT_TRUE(testing::judge_moe(got, want, s.T, s.H,
-                                 testing::moe_tolerance(v, p.x_dtype, testing::MoeCompare::kernel_vs_ref), &m,
-                                 &detail))
+                                 testing::moe_tolerance(v, p.x_dtype, testing::MoeCompare::kernel_vs_ref), &m, &detail))
       << what << " (" << (name ? name : generic_name(v)) << "): " << detail << " worst " << m.worst;
 }
 
@@ -136,9 +135,8 @@ TEST(FusedMoeCpuGeneric, AllTokensToOneExpertSplitOverThreads) {
     const std::vector<double> got = run(p, generic_name(v));
     testing::Metrics m;
     std::string detail;
-    EXPECT_TRUE(testing::judge_moe(got, want, 33, 128,
-                                   testing::moe_tolerance(v, p.x_dtype, testing::MoeCompare::kernel_vs_ref), &m,
-                                   &detail))
+    EXPECT_TRUE(testing::judge_moe(
+        got, want, 33, 128, testing::moe_tolerance(v, p.x_dtype, testing::MoeCompare::kernel_vs_ref), &m, &detail))
         << testing::scheme_name(sc) << ": " << detail;
   }
 }
@@ -241,6 +239,38 @@ TEST(FusedMoeCpuGeneric, DispatchPicksTheAvx512KernelsElseTheGenericOnes) {
   shuf.shuffled = true;
   EXPECT_EQ(pick(small_shape(Scheme::f16), shuf), "fused_moe_cpu_generic");
   EXPECT_EQ(pick(small_shape(Scheme::fp8_channel), shuf), "fused_moe_cpu_generic_fp8_row");
+}
+
+TEST(FusedMoeCpuGeneric, Avx512KernelsRefuseWhatTheyCannotRunNamingIt) {
+  if (!has_avx512()) GTEST_SKIP() << "CPU lacks AVX-512 (the kernels refuse everything there)";
+  auto reason = [](const char* kernel, const MoeShape& s, const MoeProblemOptions& o) {
+    MoeProblem p = testing::moe_test::make(s, o);
+    const FusedMoeParams f = p.params();
+    return registry().find(kernel)->supports(&f).message();
+  };
+  constexpr const char* kBlock = "fused_moe_avx512_fp8_block";
+  constexpr const char* kFma = "fused_moe_avx512_fma";
+  MoeProblemOptions shuf;
+  shuf.shuffled = true;
+  MoeProblemOptions bn24;
+  bn24.block = 24;
+  const std::pair<std::string, std::string> cases[] = {
+      {reason(kBlock, small_shape(Scheme::fp8_block, 3, 4, 2, 40, 64), {}),
+       "H and I must be multiples of 16, got H=40 I=64"},
+      {reason(kBlock, small_shape(Scheme::fp8_block), shuf), "weights must be row_major, got w1 shuffled_16x16"},
+      {reason(kBlock, small_shape(Scheme::fp8_block), bn24), "got scale_block_n=24 scale_block_k=24"},
+      {reason(kFma, small_shape(Scheme::f16, 3, 4, 2, 64, 40), {}), "H and I must be multiples of 16, got H=64 I=40"},
+      {reason(kFma, small_shape(Scheme::f32), shuf), "weights must be row_major, got shuffled_16x16"},
+  };
+  for (const auto& [got, want] : cases) EXPECT_NE(got.find(want), std::string::npos) << got;
+  // The generic kernels take all of these.
+  for (const auto& [s, o] : {std::pair<MoeShape, MoeProblemOptions>{small_shape(Scheme::fp8_block), shuf},
+                             {small_shape(Scheme::fp8_block), bn24},
+                             {small_shape(Scheme::f16, 3, 4, 2, 64, 40), {}}}) {
+    MoeProblem p = testing::moe_test::make(s, o);
+    const FusedMoeParams f = p.params();
+    EXPECT_TRUE(registry().find(generic_name(fused_moe_variant(f)))->supports(&f).ok());
+  }
 }
 
 TEST(FusedMoeCpuGeneric, Avx512KernelsRefuseACpuWithoutTheFeature) {

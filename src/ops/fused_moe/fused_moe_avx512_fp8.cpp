@@ -26,6 +26,8 @@
 // refuses CPUs without AVX-512 F/BW/VL (moe::require_avx512).
 // Tests: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8), the fma kernel in
 // tests/test_fused_moe_cpu_generic.cpp (FusedMoeCpuGeneric); `moekit check --backend cpu`.
+#include "ops/fused_moe/fused_moe_avx512_fp8.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,7 +35,6 @@
 
 #include "cpu/thread_pool.h"
 #include "moekit/ops/fused_moe.h"
-#include "ops/fused_moe/fused_moe_avx512_fp8.h"
 #include "ops/fused_moe/fused_moe_cpu.h"
 #include "ops/fused_moe/fused_moe_ref.h"
 
@@ -45,8 +46,8 @@ namespace {
 
 constexpr const char* kRow = "fused_moe_avx512_fp8_row";
 constexpr const char* kFma = "fused_moe_avx512_fma";
-constexpr int64_t kRowBlock = 16;  // output rows per task
-constexpr int kTok = 4;            // entries per register block
+constexpr int64_t kRowBlock = 16;    // output rows per task
+constexpr int kTok = 4;              // entries per register block
 constexpr int64_t kPrefetch = 2048;  // bytes ahead along a weight row (best of 0/1024/2048/4096 here)
 
 // Scratch carved from the workspace: the expert groups plus this kernel's buffers.
@@ -126,9 +127,7 @@ struct Fp8Weights {
   using T = uint8_t;
   static constexpr float kUnscale = 0x1p120f;
   static constexpr bool kQuant = true;
-  __attribute__((target("avx512f,avx512bw,avx512vl"))) static __m512 load(const T* w) {
-    return moe::decode16_fp8(w);
-  }
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) static __m512 load(const T* w) { return moe::decode16_fp8(w); }
 };
 struct F16Weights {
   using T = uint16_t;
@@ -184,8 +183,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const 
 // Stage 1 for expert e, intermediate rows [i0, i1) (an even count), NT entries from ent.
 template <class W, int NT>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const FusedMoeParams& p, const MoeDims& d,
-                                                                        const Scratch& s, int32_t e,
-                                                                        const int32_t* ent, int64_t i0, int64_t i1) {
+                                                                       const Scratch& s, int32_t e, const int32_t* ent,
+                                                                       int64_t i0, int64_t i1) {
   using T = typename W::T;
   const T* w1 = p.w1.ptr<const T>() + int64_t(e) * d.N1 * d.H;
   const float* tw = p.topk_weights.ptr<const float>();
@@ -223,8 +222,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const Fus
 // Stage 2 for expert e, hidden rows [h0, h1) (a multiple of 4), NT entries from ent.
 template <class W, int NT>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedMoeParams& p, const MoeDims& d,
-                                                                     const Scratch& s, int32_t e, const int32_t* ent,
-                                                                     int64_t h0, int64_t h1) {
+                                                                    const Scratch& s, int32_t e, const int32_t* ent,
+                                                                    int64_t h0, int64_t h1) {
   using T = typename W::T;
   const T* w2 = p.w2.ptr<const T>() + int64_t(e) * d.H * d.I;
   const float* ar[kTok];
@@ -284,7 +283,8 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
     for (int64_t t = b; t < e; ++t) {
       const int32_t ex = s.active[t / nbi];
       const int64_t i0 = (t % nbi) * kRowBlock, i1 = std::min(d.I, i0 + kRowBlock);
-      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<W, decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
+      for_entry_chunks(
+          s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<W, decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
     }
   });
   // Stage 1b (fp8): per (token, slot) re-quantization of a.
@@ -299,7 +299,8 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
     for (int64_t t = b; t < e; ++t) {
       const int32_t ex = s.active[t / nbh];
       const int64_t h0 = (t % nbh) * kRowBlock, h1 = std::min(d.H, h0 + kRowBlock);
-      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { down_rows<W, decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
+      for_entry_chunks(
+          s, ex, [&](auto nt, const int32_t* ent) { down_rows<W, decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
     }
   });
   moe::combine_slots(p, d, s, s.y);  // stage 3

@@ -22,7 +22,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 decode16_fp8(
   // NOTE: the maskz forms with a full mask, not _mm512_cvtepi8_epi32 / _mm512_slli_epi32, whose
   // _mm512_undefined_epi32 trips a false -Wmaybe-uninitialized in GCC 12's headers.
   const __m512i v = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m512i bits = _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
+  const __m512i bits =
+      _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
   return _mm512_castsi512_ps(bits);
 }
 

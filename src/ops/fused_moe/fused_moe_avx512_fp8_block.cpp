@@ -100,8 +100,8 @@ Status supports(const FusedMoeParams& p) {
                        layout_name(p.w2.layout));
   }
   if (p.scale_block_n <= 0 || p.scale_block_k <= 0 || p.scale_block_n % 16 != 0 || p.scale_block_k % 16 != 0) {
-    return Unsupported(kName, ": needs block scales with scale_block_n and scale_block_k multiples of 16, got "
-                       "scale_block_n=", p.scale_block_n, " scale_block_k=", p.scale_block_k);
+    return Unsupported(kName, ": block scales must be multiples of 16, got scale_block_n=", p.scale_block_n,
+                       " scale_block_k=", p.scale_block_k);
   }
   const MoeDims d = moe_dims(p);
   if (d.H % 16 != 0 || d.I % 16 != 0) {
@@ -113,8 +113,10 @@ Status supports(const FusedMoeParams& p) {
 // acc[r][q] += (w row r . v[q]) over [k0, k0 + 16 * steps), steps = kSteps when it is not 0 (then
 // the loop is unrolled: no loop overhead inside a block; measured ~10% at one token).
 template <int R, int NT, int kSteps>
-__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void accumulate(
-    const uint8_t* const* w, const float* const* v, int64_t k0, int64_t steps, __m512 (&acc)[R][NT]) {
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void accumulate(const uint8_t* const* w,
+                                                                                           const float* const* v,
+                                                                                           int64_t k0, int64_t steps,
+                                                                                           __m512 (&acc)[R][NT]) {
   const int64_t n = kSteps > 0 ? kSteps : steps;
 #pragma GCC unroll 8
   for (int64_t u = 0; u < n; ++u) {
@@ -133,9 +135,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
 // weight rows and NT activation rows; K % 16 == 0. c[r] is the promotion table of row r's
 // bn-block (make_table): the per-block epilogue is one FMA with a broadcast from memory.
 template <int R, int NT>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows_block(
-    const uint8_t* const* w, const float* const* v, const float* const* c, int64_t K, int64_t bk,
-    float (*dots)[kTok]) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows_block(const uint8_t* const* w,
+                                                                                const float* const* v,
+                                                                                const float* const* c, int64_t K,
+                                                                                int64_t bk, float (*dots)[kTok]) {
   const int64_t kb = ceil_div(K, bk);
   __m512 tot[R][NT];
   for (int r = 0; r < R; ++r) {
@@ -163,7 +166,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows_block(
 
 // The bk-block scale row of weight row n (of N) of expert e: ws[e, n / bn, :].
 const float* block_scales(const FusedMoeParams& p, const TensorView& ws, int64_t e, int64_t n, int64_t N, int64_t K) {
-  return ws.ptr<const float>() + (e * ceil_div(N, p.scale_block_n) + n / p.scale_block_n) * ceil_div(K, p.scale_block_k);
+  return ws.ptr<const float>() +
+         (e * ceil_div(N, p.scale_block_n) + n / p.scale_block_n) * ceil_div(K, p.scale_block_k);
 }
 
 // The promotion table of NT activation rows (group scales vs[q]) against one bn-block of weight
@@ -180,9 +184,8 @@ void make_table(const float* const* vs, const float* ws, int64_t kb, float* c) {
 // from ent; table: 2 * kTok * ceil(H / bk) floats of per-thread scratch.
 template <int NT>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const FusedMoeParams& p, const MoeDims& d,
-                                                                        const Scratch& s, int32_t e,
-                                                                        const int32_t* ent, int64_t i0, int64_t i1,
-                                                                        float* table) {
+                                                                       const Scratch& s, int32_t e, const int32_t* ent,
+                                                                       int64_t i0, int64_t i1, float* table) {
   const auto* w1 = p.w1.ptr<const uint8_t>() + int64_t(e) * d.N1 * d.H;
   const float* tw = p.topk_weights.ptr<const float>();
   const int64_t kh = ceil_div(d.H, p.scale_block_k);
@@ -222,8 +225,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const Fus
 // from ent; table: kTok * ceil(I / bk) floats of per-thread scratch.
 template <int NT>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedMoeParams& p, const MoeDims& d,
-                                                                     const Scratch& s, int32_t e, const int32_t* ent,
-                                                                     int64_t h0, int64_t h1, float* table) {
+                                                                    const Scratch& s, int32_t e, const int32_t* ent,
+                                                                    int64_t h0, int64_t h1, float* table) {
   const auto* w2 = p.w2.ptr<const uint8_t>() + int64_t(e) * d.H * d.I;
   const int64_t ki = ceil_div(d.I, p.scale_block_k);
   const float* ar[kTok];

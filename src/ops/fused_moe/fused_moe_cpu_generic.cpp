@@ -1,10 +1,11 @@
 // fused_moe_cpu_generic (+ _fp8_row, _fp8_row_tkw1, _fp8_block): the CPU backend's portable
 // fused_moe (SPEC 3.1 - 3.5) for any x86-64. Plain C++ compiled WITHOUT AVX-512 flags: the loops
-// are written for the auto-vectoriser (16 independent f32 partial sums per dot product), and the
-// dot product is cloned for x86-64-v3 (AVX2 + FMA) and the baseline, picked at load time.
-// Registered at priority 20, below the AVX-512 kernels (50): it is what dispatch picks on a CPU
-// without AVX-512 (or for a problem the AVX-512 kernels refuse: f16 / f32, odd sizes, shuffled
-// weights). Same math as the reference kernels (fused_moe_ref.cpp, fused_moe_ref_fp8.cpp):
+// are written for the auto-vectoriser (16 independent f32 partial sums per dot product, branch-free
+// weight decoders), and the dot product and decoders are cloned for x86-64-v3 (AVX2 + FMA) and the
+// baseline, picked at load time. Registered at priority 20, below the AVX-512 kernels (40 / 50):
+// it is what dispatch picks on a CPU without AVX-512, and for the problems the AVX-512 kernels
+// refuse (shuffled weights, H or I not a multiple of 16, fp8 blocks not a multiple of 16).
+// Same math as the reference kernels (fused_moe_ref.cpp, fused_moe_ref_fp8.cpp):
 //   stage 0  (calling thread): group the (token, slot) entries by local expert (fused_moe_cpu.h);
 //            then (threads over tokens) x_t -> f32, and for fp8 its activation quantization as
 //            the reference does it for the variant: per token (fp8_row, dynamic or static
@@ -17,9 +18,10 @@
 //            round_intermediate) or re-quantized to fp8 per slot (fp8_row) / per (slot, group).
 //   stage 2  (threads over experts x panels of w2 rows): y[slot, c] = w2[e][c] . a (scaled).
 //   stage 3  (threads over tokens): out[t] = sum_j w_tj * y[t*k + j] in slot order, one rounding.
-// fp8 weights are never expanded in memory: kPanel rows at a time in a per-thread buffer.
+// fp8 weights are never expanded in memory: at most ~32 KiB of decoded rows per thread.
 // Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
-// a fixed order. Test: tests/test_fused_moe_cpu_generic.cpp (suite FusedMoeCpuGeneric), which
+// a fixed order (bit-identical run to run; the AVX2 and baseline clones may differ in the last
+// bits, e.g. through FMA contraction). Test: tests/test_fused_moe_cpu_generic.cpp (suite FusedMoeCpuGeneric), which
 // forces these kernels through RunOptions.kernel; `moekit check --backend cpu`.
 #include <algorithm>
 #include <cstring>
@@ -37,7 +39,7 @@ void register_fused_moe_cpu_generic(Registry& r);
 
 namespace {
 
-constexpr int64_t kPanel = 8;             // weight rows per task
+constexpr int64_t kPanel = 8;              // weight rows per task
 constexpr int64_t kPanelBytes = 32 << 10;  // decoded rows kept in L1 while the entries loop runs
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -67,9 +69,10 @@ struct Scratch : moe::ExpertGroups {
 size_t workspace_bytes(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const size_t slots = size_t(d.T * d.k), T = size_t(d.T);
-  return moe::expert_groups_bytes(d) + moe::align64(T * size_t(d.H) * 4) + moe::align64(T * size_t(groups(p, d.H)) * 4) +
-         moe::align64(slots * size_t(d.N1) * 4) + moe::align64(slots * size_t(d.I) * 4) +
-         moe::align64(slots * size_t(groups(p, d.I)) * 4) + moe::align64(slots * size_t(d.H) * 4) + 64;
+  return moe::expert_groups_bytes(d) + moe::align64(T * size_t(d.H) * 4) +
+         moe::align64(T * size_t(groups(p, d.H)) * 4) + moe::align64(slots * size_t(d.N1) * 4) +
+         moe::align64(slots * size_t(d.I) * 4) + moe::align64(slots * size_t(groups(p, d.I)) * 4) +
+         moe::align64(slots * size_t(d.H) * 4) + 64;
 }
 
 Scratch carve(const FusedMoeParams& p, void* ws) {
@@ -200,9 +203,8 @@ void quantize_groups(float* v, int64_t n, int64_t bk, float* s) {
 // out[slot, n] = row_dot(w row n, v[slot]) for every entry of each active expert, n in [0, N):
 // tasks = active experts x panels of kPanel rows. Stage 1 (w1, v = x rows per token, first: times
 // the input-side router weight, out = h) and stage 2 (w2, v = a rows per slot, out = y).
-void gemm_entries(const FusedMoeParams& p, const Scratch& s, const TensorView& w,
-                  const TensorView& ws, const float* v, const float* vs, bool v_per_token, int64_t vs_stride,
-                  bool first, float* out) {
+void gemm_entries(const FusedMoeParams& p, const Scratch& s, const TensorView& w, const TensorView& ws, const float* v,
+                  const float* vs, bool v_per_token, int64_t vs_stride, bool first, float* out) {
   const MoeDims d = moe_dims(p);
   const int64_t N = w.shape[1], K = w.shape[2];
   const int64_t np = ceil_div(N, kPanel);
@@ -267,8 +269,8 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       }
     }
   });
-  gemm_entries(p, s, p.w2, p.w2_scale, s.a, s.as, false, gi, false, s.y);// stage 2
-  moe::combine_slots(p, d, s, s.y);                                   // stage 3
+  gemm_entries(p, s, p.w2, p.w2_scale, s.a, s.as, false, gi, false, s.y);  // stage 2
+  moe::combine_slots(p, d, s, s.y);                                        // stage 3
   return Status::Ok();
 }
 
@@ -282,8 +284,8 @@ void register_fused_moe_cpu_generic(Registry& r) {
          "portable C++: x/w bf16|f16|f32 any layout, f32 accumulate, a optionally rounded to x dtype", 20, sup, ws,
          go});
   r.add({"fused_moe_cpu_generic_fp8_row", OpKind::fused_moe, MoeVariant::fp8_row, Backend::cpu,
-         "portable C++: w fp8_e4m3fn per-row/per-tensor scales, dynamic or static fp8 activations, f32 accumulate",
-         20, sup, ws, go});
+         "portable C++: w fp8_e4m3fn per-row/per-tensor scales, dynamic or static fp8 activations, f32 accumulate", 20,
+         sup, ws, go});
   r.add({"fused_moe_cpu_generic_fp8_row_tkw1", OpKind::fused_moe, MoeVariant::fp8_row_tkw1, Backend::cpu,
          "as fused_moe_cpu_generic_fp8_row, k == 1, router weight on the expert input", 20, sup, ws, go});
   r.add({"fused_moe_cpu_generic_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cpu,
