@@ -1,8 +1,10 @@
 // The portable CPU fused_moe kernels (fused_moe_cpu_generic*, src/ops/fused_moe/fused_moe_cpu_generic.cpp),
-// forced through RunOptions.kernel so they are tested on an AVX-512 machine too, and the AVX-512
-// fp8 block-scale kernel (fused_moe_avx512_fp8_block.cpp), each against the reference kernel of its
-// variant; the CPU feature check of the AVX-512 kernels with a faked CPU; and the check hook
-// (`moekit check --backend cpu`) over every scheme.
+// forced through RunOptions.kernel so they are tested on an AVX-512 machine too; the AVX-512 fp8
+// block-scale kernel (fused_moe_avx512_fp8_block.cpp) and the AVX-512 f32-FMA kernel for
+// unquantized bf16 / f16 / f32 weights (fused_moe_avx512_fma, fused_moe_avx512_fp8.cpp), each
+// against the reference kernel of its variant; which kernel the cpu backend picks; the kernels'
+// refusals and the CPU feature check of the AVX-512 kernels on faked CPUs; and the check hook
+// (`moekit check --op fused_moe --backend cpu`) over every scheme and llama4 --weight-on-input.
 #include <gtest/gtest.h>
 
 #include <string>
