@@ -1,30 +1,33 @@
-// fused_moe_avx512_fp8_row (+ _tkw1): the CPU backend's fp8 W8A8 per-row fused_moe (SPEC 3.2, 3.4).
+// fused_moe_avx512_fp8_row (+ _tkw1): the CPU backend's fp8 W8A8 per-row fused_moe (SPEC 3.2, 3.4),
+// and fused_moe_avx512_fma: the same f32-FMA kernel on unquantized bf16 / f16 / f32 weights (SPEC
+// 3.1, 3.4) -- the path for f16 and f32 problems, and for bf16 ones the vdpbf16ps kernel refuses.
 //
-// Same math as the reference run_row (fused_moe_ref_fp8.cpp), same staging as the bf16 kernel
-// (fused_moe_avx512.cpp):
+// Same math as the reference run_row (fused_moe_ref_fp8.cpp) / run (fused_moe_ref.cpp), same
+// staging as the bf16 kernel (fused_moe_avx512.cpp):
 //   stage 0  (calling thread): group the (token, slot) entries by local expert, stable order;
-//            then (threads over tokens) x_t -> f32, s_t = max(amax, floor)/448 (or the static
+//            then (threads over tokens) x_t -> f32; fp8: s_t = max(amax, floor)/448 (or the static
 //            a1_scale), xq = fp8 code VALUES of x_t / s_t, into a [T, H] f32 scratch.
 //   stage 1  (threads over experts x blocks of 16 intermediate rows): g, u = (xq . w1q row) * s_t *
-//            row_scale (x w for weight_on_input), a = act(g) * u in f32 into [T*k, I].
-//   stage 1b (threads over slots): a re-quantized per (token, slot) row, in place, scale s_a.
+//            row_scale (unquantized: x . w1 row), x w for weight_on_input, a = act(g) * u in f32
+//            into [T*k, I] (unquantized with round_intermediate: rounded to x's dtype).
+//   stage 1b (fp8, threads over slots): a re-quantized per (token, slot) row, in place, scale s_a.
 //   stage 2  (threads over experts x blocks of 16 hidden rows): y[slot, h] = (aq . w2q[e][h]) *
-//            s_a * row_scale.
+//            s_a * row_scale (unquantized: a . w2 row).
 //   stage 3  (threads over tokens): out[t] = sum_j w_tj * y[t*k + j] in slot order, one rounding.
-// fp8 e4m3fn weights are decoded on the fly, 16 codes at a time, never expanded in memory: the
-// byte is sign-extended to 32 bits and shifted left by 20, which puts the sign at bit 31 (the
-// copies at bits 30..27 are masked off) and the 4 exponent + 3 mantissa bits at the top of the f32
-// exponent / mantissa; the f32 with those bits is the code value times 2^-120 EXACTLY for every
-// code incl. subnormals (those become f32 denormals, which the default MXCSR keeps). The 2^-120 is
-// undone once per dot product (x 2^120, exact) instead of once per 16 codes: a product of a decoded
-// weight (4 significant bits, >= 2^-129) and an fp8 activation value (>= 2^-9) needs 8 bits at
-// >= 2^-138, so it is exact even as a denormal. NaN codes (0x7F, 0xFF) decode to NaN, as in the
-// reference. Each weight row is software-prefetched kPrefetch bytes ahead into L2: with 1-byte
-// weights the out-of-order window covers half the bytes it covers for bf16, and the hardware
-// prefetchers alone left the one-token case short of the DRAM bandwidth.
+// Weights are widened to f32 in registers 16 at a time and never expanded in memory (a WeightKind
+// below per dtype): fp8 e4m3fn as code value x 2^-120 (moe::decode16_fp8, fused_moe_avx512_fp8.h),
+// the 2^-120 undone once per dot product (x 2^120, exact), NaN codes to NaN as in the reference;
+// f16 by vcvtph2ps; bf16 by a 16-bit shift; f32 as is. Each weight row is software-prefetched
+// kPrefetch bytes ahead into L2: with 1-byte weights the out-of-order window covers half the bytes
+// it covers for bf16, and the hardware prefetchers alone left the one-token case short of the
+// DRAM bandwidth.
 // Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
-// a fixed order. AVX-512 through target attributes: no special flags for this file.
-// Test: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8); `moekit check --backend cpu`.
+// a fixed order. AVX-512 through target attributes: no special flags for this file; supports()
+// refuses CPUs without AVX-512 F/BW/VL (moe::require_avx512).
+// Tests: tests/test_fused_moe_avx512_fp8.cpp (suite FusedMoeAvx512Fp8), the fma kernel in
+// tests/test_fused_moe_cpu_generic.cpp (FusedMoeCpuGeneric); `moekit check --backend cpu`.
+#include "ops/fused_moe/fused_moe_avx512_fp8.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,16 +44,18 @@ void register_fused_moe_avx512_fp8(Registry& r);
 
 namespace {
 
-constexpr int64_t kRowBlock = 16;  // output rows per task
-constexpr int kTok = 4;            // entries per register block
+constexpr const char* kRow = "fused_moe_avx512_fp8_row";
+constexpr const char* kFma = "fused_moe_avx512_fma";
+constexpr int64_t kRowBlock = 16;    // output rows per task
+constexpr int kTok = 4;              // entries per register block
 constexpr int64_t kPrefetch = 2048;  // bytes ahead along a weight row (best of 0/1024/2048/4096 here)
 
 // Scratch carved from the workspace: the expert groups plus this kernel's buffers.
 struct Scratch : moe::ExpertGroups {
-  float* xq;  // [T, H] fp8 code values of the quantized tokens
-  float* xs;  // [T] activation scale of each token
-  float* a;   // [T*k, I] intermediate in f32, then its fp8 code values (stage 1b)
-  float* as;  // [T*k] intermediate scale of each slot
+  float* xq;  // [T, H] x in f32 (fp8: code values of the quantized tokens)
+  float* xs;  // [T] activation scale of each token (fp8)
+  float* a;   // [T*k, I] intermediate in f32 (fp8: then its code values, stage 1b)
+  float* as;  // [T*k] intermediate scale of each slot (fp8)
   float* y;   // [T*k, H] per-slot expert output
 };
 
@@ -75,54 +80,86 @@ Scratch carve(const FusedMoeParams& p, void* ws) {
   return s;
 }
 
-Status supports(const FusedMoeParams& p) {
+// What both kernels need: the CPU, host tensors, row_major weights, H and I multiples of 16.
+Status supports_common(const char* name, const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(moe::require_avx512(name, cpu_features(), false));
   MOEKIT_RETURN_IF_ERROR(moe::require_host(p));
   if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16 && p.x.dtype != DType::f32) {
-    return Unsupported("fused_moe_avx512_fp8_row: x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
-  }
-  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
-    return Unsupported("fused_moe_avx512_fp8_row: weights must be fp8_e4m3fn, got w1 ", dtype_name(p.w1.dtype),
-                       ", w2 ", dtype_name(p.w2.dtype));
+    return Unsupported(name, ": x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
   }
   if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported("fused_moe_avx512_fp8_row: weights must be row_major, got ", layout_name(p.w1.layout));
-  }
-  if (p.scale_block_n != 0) {
-    return Unsupported("fused_moe_avx512_fp8_row: block scales are not supported, got scale_block_n=",
-                       p.scale_block_n);
+    return Unsupported(name, ": weights must be row_major, got ", layout_name(p.w1.layout));
   }
   const MoeDims d = moe_dims(p);
   if (d.H % 16 != 0 || d.I % 16 != 0) {
-    return Unsupported("fused_moe_avx512_fp8_row: H and I must be multiples of 16, got H=", d.H, " I=", d.I);
+    return Unsupported(name, ": H and I must be multiples of 16, got H=", d.H, " I=", d.I);
   }
   return Status::Ok();
 }
 
-// 16 fp8 e4m3fn codes at w -> their f32 values times 2^-120 (see the file comment).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 decode16(const uint8_t* w) {
-  // NOTE: the maskz forms with a full mask, not _mm512_cvtepi8_epi32 / _mm512_slli_epi32, whose
-  // _mm512_undefined_epi32 trips a false -Wmaybe-uninitialized in GCC 12's headers.
-  const __m512i v = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m512i bits = _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, v, 20), _mm512_set1_epi32(int32_t(0x87F00000u)));
-  return _mm512_castsi512_ps(bits);
+Status supports_row(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(supports_common(kRow, p));
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported(kRow, ": weights must be fp8_e4m3fn, got w1 ", dtype_name(p.w1.dtype), ", w2 ",
+                       dtype_name(p.w2.dtype));
+  }
+  if (p.scale_block_n != 0) {
+    return Unsupported(kRow, ": block scales are not supported, got scale_block_n=", p.scale_block_n);
+  }
+  return Status::Ok();
 }
 
-// Sum of the 16 lanes in a fixed order. NOTE: not _mm512_reduce_add_ps, which trips a false
-// -Wmaybe-uninitialized in GCC 12's headers.
-__attribute__((target("avx512f"))) inline float hsum(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0.0f;
-  for (float x : t) s += x;
-  return s;
+Status supports_fma(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(supports_common(kFma, p));
+  for (DType t : {p.w1.dtype, p.w2.dtype}) {
+    if (t != DType::bf16 && t != DType::f16 && t != DType::f32) {
+      return Unsupported(kFma, ": weights must be bf16, f16 or f32, got ", dtype_name(t));
+    }
+  }
+  return Status::Ok();
 }
+
+// How a weight dtype is widened: T the storage type, load(w) 16 elements at w as f32 (fp8: times
+// 2^-120), kUnscale the factor that undoes load's scaling once per dot product, kQuant whether the
+// weights are fp8 (scales, activation quantization). NOTE: the maskz intrinsics with a full mask
+// avoid _mm512_undefined_*, which trips a false -Wmaybe-uninitialized in GCC 12's headers.
+struct Fp8Weights {
+  using T = uint8_t;
+  static constexpr float kUnscale = 0x1p120f;
+  static constexpr bool kQuant = true;
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) static __m512 load(const T* w) { return moe::decode16_fp8(w); }
+};
+struct F16Weights {
+  using T = uint16_t;
+  static constexpr float kUnscale = 1.0f;
+  static constexpr bool kQuant = false;
+  __attribute__((target("avx512f"))) static __m512 load(const T* w) {
+    return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+};
+struct Bf16Weights {
+  using T = uint16_t;
+  static constexpr float kUnscale = 1.0f;
+  static constexpr bool kQuant = false;
+  __attribute__((target("avx512f"))) static __m512 load(const T* w) {
+    const __m512i v = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, v, 16));
+  }
+};
+struct F32Weights {
+  using T = float;
+  static constexpr float kUnscale = 1.0f;
+  static constexpr bool kQuant = false;
+  __attribute__((target("avx512f"))) static __m512 load(const T* w) { return _mm512_loadu_ps(w); }
+};
 
 // dots[r][q] = w row r . v[q] over K (K % 16 == 0) for R weight rows and NT activation rows.
 // R x NT independent accumulators hide the FMA latency at one token.
-template <int R, int NT>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const uint8_t* const* w,
+template <class W, int R, int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const typename W::T* const* w,
                                                                           const float* const* v, int64_t K,
                                                                           float (*dots)[kTok]) {
+  constexpr int64_t kLine = 64 / sizeof(typename W::T);  // elements per cache line
   __m512 acc[R][NT];
   for (int r = 0; r < R; ++r) {
     for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_setzero_ps();
@@ -130,44 +167,52 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void dot_rows(const 
   for (int64_t kk = 0; kk < K; kk += 16) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      if ((kk & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + kk + kPrefetch), _MM_HINT_T1);
-      const __m512 vw = decode16(w[r] + kk);
+      if ((kk & (kLine - 1)) == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + kk) + kPrefetch, _MM_HINT_T1);
+      }
+      const __m512 vw = W::load(w[r] + kk);
 #pragma GCC unroll 4
       for (int q = 0; q < NT; ++q) acc[r][q] = _mm512_fmadd_ps(vw, _mm512_loadu_ps(v[q] + kk), acc[r][q]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < NT; ++q) dots[r][q] = hsum(acc[r][q]) * 0x1p120f;
+    for (int q = 0; q < NT; ++q) dots[r][q] = moe::hsum16(acc[r][q]) * W::kUnscale;
   }
 }
 
 // Stage 1 for expert e, intermediate rows [i0, i1) (an even count), NT entries from ent.
-template <int NT>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent,
-                  int64_t i0, int64_t i1) {
-  const auto* w1 = p.w1.ptr<const uint8_t>() + int64_t(e) * d.N1 * d.H;
+template <class W, int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const FusedMoeParams& p, const MoeDims& d,
+                                                                       const Scratch& s, int32_t e, const int32_t* ent,
+                                                                       int64_t i0, int64_t i1) {
+  using T = typename W::T;
+  const T* w1 = p.w1.ptr<const T>() + int64_t(e) * d.N1 * d.H;
   const float* tw = p.topk_weights.ptr<const float>();
   const float* xr[kTok];
   for (int q = 0; q < NT; ++q) xr[q] = s.xq + int64_t(ent[q] / d.k) * d.H;
   for (int64_t i = i0; i < i1; i += 2) {
     float dots[4][kTok];
     if (d.g1u1) {
-      const uint8_t* w[4] = {w1 + i * d.H, w1 + (i + 1) * d.H, w1 + (d.I + i) * d.H, w1 + (d.I + i + 1) * d.H};
-      dot_rows<4, NT>(w, xr, d.H, dots);
+      const T* w[4] = {w1 + i * d.H, w1 + (i + 1) * d.H, w1 + (d.I + i) * d.H, w1 + (d.I + i + 1) * d.H};
+      dot_rows<W, 4, NT>(w, xr, d.H, dots);
     } else {
-      const uint8_t* w[2] = {w1 + i * d.H, w1 + (i + 1) * d.H};
-      dot_rows<2, NT>(w, xr, d.H, dots);
+      const T* w[2] = {w1 + i * d.H, w1 + (i + 1) * d.H};
+      dot_rows<W, 2, NT>(w, xr, d.H, dots);
     }
     for (int r = 0; r < 2; ++r) {
       const int64_t n = i + r;
-      const float rg = ref::moe::row_scale(p.w1_scale, e, n, d.N1);
-      const float ru = d.g1u1 ? ref::moe::row_scale(p.w1_scale, e, d.I + n, d.N1) : 0.0f;
       for (int q = 0; q < NT; ++q) {
         const int32_t slot = ent[q];
-        const float sx = s.xs[slot / d.k];
         const float win = ref::moe::slot_weight(p, tw[slot]).in;
-        float v = ref::moe::activation(p.activation, dots[r][q] * sx * rg * win);
-        if (d.g1u1) v *= dots[2 + r][q] * sx * ru * win;
+        float g = dots[r][q], u = d.g1u1 ? dots[2 + r][q] : 0.0f;
+        if constexpr (W::kQuant) {  // the reference's order: dot * s_t * row_scale
+          const float sx = s.xs[slot / d.k];
+          g = g * sx * ref::moe::row_scale(p.w1_scale, e, n, d.N1);
+          if (d.g1u1) u = u * sx * ref::moe::row_scale(p.w1_scale, e, d.I + n, d.N1);
+        }
+        float v = ref::moe::activation(p.activation, g * win);
+        if (d.g1u1) v *= u * win;
+        if (!W::kQuant && p.round_intermediate) v = round_to(p.x.dtype, v);
         s.a[int64_t(slot) * d.I + n] = v;
       }
     }
@@ -175,19 +220,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gate_up_rows(const Fus
 }
 
 // Stage 2 for expert e, hidden rows [h0, h1) (a multiple of 4), NT entries from ent.
-template <int NT>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent, int64_t h0,
-               int64_t h1) {
-  const auto* w2 = p.w2.ptr<const uint8_t>() + int64_t(e) * d.H * d.I;
+template <class W, int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedMoeParams& p, const MoeDims& d,
+                                                                    const Scratch& s, int32_t e, const int32_t* ent,
+                                                                    int64_t h0, int64_t h1) {
+  using T = typename W::T;
+  const T* w2 = p.w2.ptr<const T>() + int64_t(e) * d.H * d.I;
   const float* ar[kTok];
   for (int q = 0; q < NT; ++q) ar[q] = s.a + int64_t(ent[q]) * d.I;
   for (int64_t h = h0; h < h1; h += 4) {
     float dots[4][kTok];
-    const uint8_t* w[4] = {w2 + h * d.I, w2 + (h + 1) * d.I, w2 + (h + 2) * d.I, w2 + (h + 3) * d.I};
-    dot_rows<4, NT>(w, ar, d.I, dots);
+    const T* w[4] = {w2 + h * d.I, w2 + (h + 1) * d.I, w2 + (h + 2) * d.I, w2 + (h + 3) * d.I};
+    dot_rows<W, 4, NT>(w, ar, d.I, dots);
     for (int r = 0; r < 4; ++r) {
-      const float rs = ref::moe::row_scale(p.w2_scale, e, h + r, d.H);
-      for (int q = 0; q < NT; ++q) s.y[int64_t(ent[q]) * d.H + h + r] = dots[r][q] * s.as[ent[q]] * rs;
+      for (int q = 0; q < NT; ++q) {
+        float y = dots[r][q];
+        if constexpr (W::kQuant) y = y * s.as[ent[q]] * ref::moe::row_scale(p.w2_scale, e, h + r, d.H);
+        s.y[int64_t(ent[q]) * d.H + h + r] = y;
+      }
     }
   }
 }
@@ -207,16 +257,18 @@ void for_entry_chunks(const Scratch& s, int32_t e, F&& fn) {
   }
 }
 
+template <class W>
 Status run(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
   Scratch s = carve(p, ctx.workspace);
   moe::group_entries(p, d, &s);  // stage 0a
-  // Stage 0b: per-token activation quantization (in place: the amax is read first).
+  // Stage 0b: x in f32; fp8: per-token activation quantization (in place: the amax is read first).
   parallel_for(d.T, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       float* xq = s.xq + t * d.H;
       ref::moe::load_x_row(p.x, t, xq);
+      if (!W::kQuant) continue;
       if (p.a1_scale.present()) {
         s.xs[t] = p.a1_scale.ptr<const float>()[0];
         ref::moe::quantize_row_fp8_static(xq, d.H, s.xs[t], xq);
@@ -231,38 +283,57 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
     for (int64_t t = b; t < e; ++t) {
       const int32_t ex = s.active[t / nbi];
       const int64_t i0 = (t % nbi) * kRowBlock, i1 = std::min(d.I, i0 + kRowBlock);
-      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
+      for_entry_chunks(
+          s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<W, decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
     }
   });
-  // Stage 1b: per (token, slot) re-quantization of a.
-  parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) {
-      if (s.valid[q]) s.as[q] = ref::moe::quantize_row_fp8(s.a + q * d.I, d.I, s.a + q * d.I);
-    }
-  });
+  // Stage 1b (fp8): per (token, slot) re-quantization of a.
+  if (W::kQuant) {
+    parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
+      for (int64_t q = b; q < e; ++q) {
+        if (s.valid[q]) s.as[q] = ref::moe::quantize_row_fp8(s.a + q * d.I, d.I, s.a + q * d.I);
+      }
+    });
+  }
   parallel_for(s.n_active * nbh, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int32_t ex = s.active[t / nbh];
       const int64_t h0 = (t % nbh) * kRowBlock, h1 = std::min(d.H, h0 + kRowBlock);
-      for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) { down_rows<decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
+      for_entry_chunks(
+          s, ex, [&](auto nt, const int32_t* ent) { down_rows<W, decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
     }
   });
   moe::combine_slots(p, d, s, s.y);  // stage 3
   return Status::Ok();
 }
 
+// The unquantized kernel: the weight dtype picks the widening (supports_fma accepted it).
+Status run_fma(const FusedMoeParams& p, const RunContext& ctx) {
+  switch (p.w1.dtype) {
+    case DType::f16: return run<F16Weights>(p, ctx);
+    case DType::bf16: return run<Bf16Weights>(p, ctx);
+    default: return run<F32Weights>(p, ctx);
+  }
+}
+
 }  // namespace
 
 void register_fused_moe_avx512_fp8(Registry& r) {
-  r.add({"fused_moe_avx512_fp8_row", OpKind::fused_moe, MoeVariant::fp8_row, Backend::cpu,
+  r.add({kRow, OpKind::fused_moe, MoeVariant::fp8_row, Backend::cpu,
          "w fp8_e4m3fn row_major decoded on the fly, per-row/per-tensor scales, dynamic fp8 activations, f32 FMA; "
          "H, I % 16 == 0",
-         50, erase_supports<FusedMoeParams, supports>, erase_workspace<FusedMoeParams, workspace_bytes>,
-         erase_run<FusedMoeParams, run>});
+         50, erase_supports<FusedMoeParams, supports_row>, erase_workspace<FusedMoeParams, workspace_bytes>,
+         erase_run<FusedMoeParams, run<Fp8Weights>>});
   r.add({"fused_moe_avx512_fp8_row_tkw1", OpKind::fused_moe, MoeVariant::fp8_row_tkw1, Backend::cpu,
          "as fused_moe_avx512_fp8_row, k == 1, router weight on the expert input", 50,
-         erase_supports<FusedMoeParams, supports>, erase_workspace<FusedMoeParams, workspace_bytes>,
-         erase_run<FusedMoeParams, run>});
+         erase_supports<FusedMoeParams, supports_row>, erase_workspace<FusedMoeParams, workspace_bytes>,
+         erase_run<FusedMoeParams, run<Fp8Weights>>});
+  // NOTE: priority 40, below fused_moe_avx512_bf16 (50), which keeps the bf16 problems it accepts.
+  r.add({kFma, OpKind::fused_moe, MoeVariant::unquantized, Backend::cpu,
+         "x/w bf16|f16|f32 row_major, weights widened to f32 in registers (f16: vcvtph2ps), f32 FMA, a optionally "
+         "rounded to x dtype; H, I % 16 == 0",
+         40, erase_supports<FusedMoeParams, supports_fma>, erase_workspace<FusedMoeParams, workspace_bytes>,
+         erase_run<FusedMoeParams, run_fma>});
 }
 
 }  // namespace moekit::cpu

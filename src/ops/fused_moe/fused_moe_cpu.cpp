@@ -78,4 +78,12 @@ void combine_slots(const FusedMoeParams& p, const MoeDims& d, const ExpertGroups
   });
 }
 
+Status require_avx512(const char* kernel, const CpuFeatures& f, bool need_bf16) {
+  if (!(f.avx512f && f.avx512bw && f.avx512vl && f.os_saves_zmm)) {
+    return Unsupported(kernel, ": CPU lacks AVX-512 F/BW/VL (has: ", describe(f), ")");
+  }
+  if (need_bf16 && !f.avx512bf16) return Unsupported(kernel, ": CPU lacks AVX-512 BF16 (has: ", describe(f), ")");
+  return Status::Ok();
+}
+
 }  // namespace moekit::cpu::moe

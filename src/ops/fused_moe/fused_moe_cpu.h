@@ -1,12 +1,14 @@
 // Pieces shared by the CPU fused_moe kernels (fused_moe_avx512.cpp: bf16, fused_moe_avx512_fp8.cpp:
-// fp8 per-row): the host-tensor check, the workspace carver, stage 0 (entries grouped by local
-// expert) and stage 3 (the per-token sum over k in slot order, one rounding). Plain C++: no
-// AVX-512 here, so it runs on any x86-64.
+// fp8 per-row, fused_moe_avx512_fp8_block.cpp: fp8 block scales, fused_moe_cpu_generic.cpp: the
+// portable kernels): the host-tensor check, the AVX-512 CPU-feature check, the workspace carver,
+// stage 0 (entries grouped by local expert) and stage 3 (the per-token sum over k in slot order,
+// one rounding). Plain C++: no AVX-512 here, so it runs on any x86-64.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/cpu_features.h"
 #include "moekit/ops/fused_moe.h"
 
 namespace moekit::cpu::moe {
@@ -51,5 +53,12 @@ void group_entries(const FusedMoeParams& p, const MoeDims& d, ExpertGroups* g);
 // Stage 3: out[t] = sum_j w_tj * y[t*k + j] over the valid slots in slot order (w = 1 with the
 // router weight on the input), one rounding to out's dtype; threads over tokens.
 void combine_slots(const FusedMoeParams& p, const MoeDims& d, const ExpertGroups& g, const float* y);
+
+// Ok when the CPU described by f can run an AVX-512 kernel: F/BW/VL with the OS saving zmm state,
+// plus BF16 when need_bf16. Otherwise Unsupported naming `kernel` and the missing feature ("CPU
+// lacks AVX-512 BF16 (has: ...)"). Each AVX-512 kernel's supports() calls it with cpu_features()
+// (the backend probe accepts any x86-64 so the portable kernels run everywhere); taking f as an
+// argument lets the tests pass a CPU without the feature.
+Status require_avx512(const char* kernel, const CpuFeatures& f, bool need_bf16);
 
 }  // namespace moekit::cpu::moe
