@@ -30,6 +30,7 @@ void register_convert_fp8_avx512(Registry& r);     // src/ops/convert_fp8/conver
 void register_shuffle_weight_avx512(Registry& r);  // src/ops/shuffle_weight/shuffle_weight_avx512.cpp
 void register_fused_moe_avx512_fp8_block(Registry& r);  // src/ops/fused_moe/fused_moe_avx512_fp8_block.cpp
 void register_fused_moe_cpu_generic(Registry& r);  // src/ops/fused_moe/fused_moe_cpu_generic.cpp
+void register_pack_weight_cpu(Registry& r);        // src/ops/pack_weight/pack_weight_cpu.cpp
 
 void register_kernels(Registry& r) {
   r.set_backend_probe(Backend::cpu, probe);
@@ -51,6 +52,7 @@ void register_kernels(Registry& r) {
   }
   register_fused_moe_avx512_fp8_block(r);
   register_fused_moe_cpu_generic(r);
+  register_pack_weight_cpu(r);  // pack_weight_cpu and unpack_weight_cpu (portable)
 }
 
 }  // namespace moekit::cpu
