@@ -286,13 +286,13 @@ const std::vector<OpHarness>& op_harnesses() {
       {OpKind::grouped_topk, check_grouped_topk, bench_grouped_topk},
       {OpKind::sigmoid_topk, check_sigmoid_topk, bench_sigmoid_topk},
       {OpKind::sort_tokens, check_sort_tokens, bench_sort_tokens},
-      {OpKind::shuffle_weight, check_shuffle_weight, nullptr},
-      {OpKind::unshuffle_weight, check_unshuffle_weight, nullptr},
-      {OpKind::quantize_fp8, check_quantize_fp8, nullptr},
-      {OpKind::convert_fp8, check_convert_fp8, nullptr},
+      {OpKind::shuffle_weight, check_shuffle_weight, bench_shuffle_weight},
+      {OpKind::unshuffle_weight, check_unshuffle_weight, bench_unshuffle_weight},
+      {OpKind::quantize_fp8, check_quantize_fp8, bench_quantize_fp8},
+      {OpKind::convert_fp8, check_convert_fp8, bench_convert_fp8},
       {OpKind::fused_moe, check_fused_moe, bench_fused_moe, bench_applies_fused_moe},
-      {OpKind::pack_weight, check_pack_weight, nullptr},
-      {OpKind::unpack_weight, check_unpack_weight, nullptr},
+      {OpKind::pack_weight, check_pack_weight, bench_pack_weight},
+      {OpKind::unpack_weight, check_unpack_weight, bench_unpack_weight},
   };
   return kHooks;
 }

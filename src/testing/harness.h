@@ -250,6 +250,13 @@ Status bench_grouped_topk(const BenchRequest&, int64_t, const Kernel&, std::uniq
 Status bench_sigmoid_topk(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 Status bench_sort_tokens(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 Status bench_fused_moe(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+// Layout and quantization ops (bench_layout_quant.cpp): host kernels only.
+Status bench_quantize_fp8(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_convert_fp8(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_shuffle_weight(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_unshuffle_weight(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_pack_weight(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
+Status bench_unpack_weight(const BenchRequest&, int64_t, const Kernel&, std::unique_ptr<BenchProblem>*);
 bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k);
 // Replaces the problem's bf16/f16 w1 and w2 by their pack_weight(cpu_vnni2_n32) copies (the CPU
 // bf16 kernel's packed layout); an error (problem unchanged) when the weights cannot be packed.

@@ -37,15 +37,15 @@ void permute(const PackWeightParams& p, bool inverse) {
       const int64_t plain0 = base + (t % panels) * kVnniPanelN * KP;  // the panel's first plain word
       const int64_t packed0 = plain0;                       // a panel occupies the same word range
       for (int64_t q0 = 0; q0 < KP; q0 += kPairBlock) {
-        const int64_t q1 = std::min(KP, q0 + kPairBlock);
+        const int64_t nq = std::min(KP, q0 + kPairBlock) - q0;
         for (int64_t j = 0; j < kVnniPanelN; ++j) {
-          for (int64_t q = q0; q < q1; ++q) {
-            const int64_t plain = plain0 + j * KP + q, packed = packed0 + q * kVnniPanelN + j;
-            if (inverse) {
-              std::memcpy(dst + plain * 4, src + packed * 4, 4);
-            } else {
-              std::memcpy(dst + packed * 4, src + plain * 4, 4);
-            }
+          // Row j's words q0 .. q0 + nq (contiguous) <-> column j of packed rows q0 .. (stride 32 words).
+          unsigned char* plain = (inverse ? dst : const_cast<unsigned char*>(src)) + (plain0 + j * KP + q0) * 4;
+          unsigned char* packed = (inverse ? const_cast<unsigned char*>(src) : dst) + (packed0 + q0 * kVnniPanelN + j) * 4;
+          if (inverse) {
+            for (int64_t q = 0; q < nq; ++q) std::memcpy(plain + 4 * q, packed + 4 * kVnniPanelN * q, 4);
+          } else {
+            for (int64_t q = 0; q < nq; ++q) std::memcpy(packed + 4 * kVnniPanelN * q, plain + 4 * q, 4);
           }
         }
       }
