@@ -44,7 +44,7 @@ moekit_cli_usage_error(missing_value --experts check --experts)
 moekit_cli_usage_error(no_subcommand subcommand)
 moekit_cli_usage_error(bench_missing_op --op bench)
 moekit_cli_usage_error(bench_unknown_model --model bench --op topk_softmax --model foo)
-moekit_cli_usage_error(bench_not_benchable --op bench --op shuffle_weight)
+moekit_cli_usage_error(bench_ep_needs_fused_moe --ep bench --op topk_softmax --ep 2)
 moekit_cli_usage_error(bench_zero_tokens --tokens bench --op topk_softmax --tokens 0)
 moekit_cli_usage_error(bench_zero_iters --iters bench --op topk_softmax --iters 0)
 moekit_cli_usage_error(bench_bad_peak --peak-gbps bench --op topk_softmax --peak-gbps -5)
@@ -75,6 +75,11 @@ assert all(keys <= set(k) for k in d['kernels'])\"")
 keys = {'op', 'kernel', 'backend', 'case', 'reference', 'ok', 'max_abs_err', 'max_rel_err', 'cosine', 'rms_ratio', \
 'mismatches', 'count', 'finite', 'worst', 'detail'}; missing = [keys - set(c) for c in d if not keys <= set(c)]; \
 assert not missing, missing\"" needs-hooks)
+  # The layout / quantization ops bench on host kernels (bytes only, no flops).
+  moekit_cli_test(bench_layout_quant_ops
+    "for op in quantize_fp8 convert_fp8 shuffle_weight unpack_weight; do \
+\"$0\" bench --op $op --backend ref --model qwen3-moe --tokens 8 --iters 2 --json > lq.json || exit 1; \
+\"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('lq.json')); assert d and all(r['status'] == 'ok' and r['time_us'] > 0 for r in d), d\" || exit 1; done" needs-hooks)
   moekit_cli_test(bench_json
     "\"$0\" bench --op topk_softmax --backend ref --tokens 1,8 --iters 3 --json > bench.json || exit 1; \
 \"${MOEKIT_PYTHON3}\" -c \"import json; d = json.load(open('bench.json')); ok = [r for r in d if r['status'] == 'ok']; \
