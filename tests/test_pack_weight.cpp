@@ -5,6 +5,8 @@
 // Run: ./build/tests/moekit_tests --gtest_filter='PackWeight*:UnpackWeight*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <set>
 #include <vector>
@@ -202,7 +204,7 @@ TEST(PackWeight, ValidationErrorsNameTheArgument) {
       {"K odd", {2, 32, 33}, {2, 32, 33}, DType::bf16, DType::bf16, kRow, kVnni, {"out:", "K % 2 == 0", "33]"}},
       {"1-D", {64}, {64}, DType::bf16, DType::bf16, kRow, kVnni, {"in:", "2-4 dims", "[64]"}},
       {"f32", {32, 32}, {32, 32}, DType::f32, DType::f32, kRow, kVnni, {"in:", "dtype", "f32"}},
-      {"fp8", {32, 32}, {32, 32}, DType::fp8_e4m3fn, DType::fp8_e4m3fn, kRow, kVnni, {"in:", "dtype", "fp8_e4m3fn"}},
+      {"i32", {32, 32}, {32, 32}, DType::i32, DType::i32, kRow, kVnni, {"in:", "dtype", "i32"}},
       {"out shape", {32, 64}, {64, 32}, DType::bf16, DType::bf16, kRow, kVnni, {"out:", "[32, 64]", "[64, 32]"}},
       {"out dtype", {32, 32}, {32, 32}, DType::bf16, DType::f16, kRow, kVnni, {"out:", "bf16", "f16"}},
       {"in layout", {32, 32}, {32, 32}, DType::bf16, DType::bf16, kVnni, kVnni, {"in:", "row_major", "cpu_vnni2_n32"}},
@@ -320,30 +322,31 @@ TEST(PackWeight, FusedMoeFrontDoorChecksPackedWeights) {
 
   testing::MoeShape q = s;
   q.H = 64;
-  q.scheme = testing::Scheme::fp8_channel;
-  testing::MoeProblem fp8;
-  ASSERT_TRUE(testing::make_moe_problem(q, {}, 1, &fp8).ok());
-  f = fp8.params();
+  q.scheme = testing::Scheme::f32;
+  testing::MoeProblem f32;
+  ASSERT_TRUE(testing::make_moe_problem(q, {}, 1, &f32).ok());
+  f = f32.params();
   f.w1.layout = f.w2.layout = kVnni;
   st = fused_moe(f);
-  EXPECT_NE(st.message().find("w1: layout cpu_vnni2_n32 needs 16-bit elements (bf16, f16), got fp8_e4m3fn"),
-            std::string::npos)
+  EXPECT_NE(st.message().find("w1: layout cpu_vnni2_n32 needs bf16, f16 or fp8 elements, got f32"), std::string::npos)
       << st.to_string();
 }
 
 // The reference fused_moe reads packed weights too: bit-identical to its row_major result.
 TEST(PackWeight, FusedMoeRefOnPackedWeightsIsBitIdentical) {
+ for (testing::Scheme scheme : {testing::Scheme::bf16, testing::Scheme::fp8_channel}) {
+  SCOPED_TRACE(testing::scheme_name(scheme));
   testing::MoeShape s;
   s.T = 5;
   s.E = 4;
   s.k = 2;
   s.H = 64;
-  s.I = 48;  // I % 32 != 0: the CPU kernel refuses, the default dispatch falls back to the ref
-  s.scheme = testing::Scheme::bf16;
+  s.I = 48;  // I % 32 != 0: the CPU kernels refuse, the default dispatch falls back to the ref
+  s.scheme = scheme;
   testing::MoeProblem p;
   ASSERT_TRUE(testing::make_moe_problem(s, {}, 2, &p).ok());
   RunOptions o;
-  o.kernel = "fused_moe_ref";
+  o.kernel = scheme == testing::Scheme::bf16 ? "fused_moe_ref" : "fused_moe_ref_fp8_row";
   p.out.fill_bytes(0xFF);
   ASSERT_TRUE(fused_moe(p.params(), o).ok());
   const std::vector<unsigned char> plain = p.out.bytes;
@@ -355,6 +358,31 @@ TEST(PackWeight, FusedMoeRefOnPackedWeightsIsBitIdentical) {
   p.out.fill_bytes(0xFF);
   ASSERT_TRUE(fused_moe(p.params()).ok()) << "default dispatch must find a kernel for packed weights";
   EXPECT_EQ(p.out.bytes, plain);
+ }
+}
+
+// fp8 weights pack too (a K-pair is a 16-bit word): bit-exact round trip, ref and CPU kernels equal.
+TEST(PackWeight, Fp8RoundTripRefAndCpu) {
+  for (DType d : {DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}) {
+    const std::vector<int64_t> dims = {3, 64, 70};
+    const Buffer in = random_bits(d, dims, 9);
+    Buffer a(d, dims), b(d, dims), back(d, dims);
+    ASSERT_TRUE(pack(in, a, "pack_weight_ref").ok());
+    if (registry().find("pack_weight_cpu") != nullptr) {
+      ASSERT_TRUE(pack(in, b, "pack_weight_cpu").ok());
+      EXPECT_TRUE(std::equal(a.bytes.begin(), a.bytes.begin() + long(a.numel()), b.bytes.begin()));
+    }
+    // One spot check of the closed form in bytes: element (n, c) of matrix 1.
+    const int64_t n = 37, c = 9, K = 70;
+    EXPECT_EQ(a.bytes[size_t(64 * 70 + vnni2_index(n, c, K))], in.bytes[size_t(64 * 70 + n * K + c)]);
+    for (const char* k : {"unpack_weight_ref", "unpack_weight_cpu"}) {
+      if (registry().find(k) == nullptr) continue;
+      back.fill_bytes(0);
+      ASSERT_TRUE(unpack(a, back, k).ok()) << k;
+      const size_t ne = size_t(in.numel());  // 1 byte per element (the buffers may hold spare bytes)
+      EXPECT_TRUE(std::equal(back.bytes.begin(), back.bytes.begin() + long(ne), in.bytes.begin())) << k;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- harness hooks

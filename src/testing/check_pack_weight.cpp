@@ -19,7 +19,13 @@ namespace moekit::testing {
 std::vector<uint16_t> oracle_pack_weight(const TensorView& in, bool inverse) {
   const int64_t N = in.size(-2), K = in.size(-1), total = in.numel();
   const int64_t matrices = N * K == 0 ? 0 : total / (N * K);
-  const auto* src = in.ptr<const uint16_t>();
+  const auto* bytes = in.ptr<const unsigned char>();
+  const int64_t eb = dtype_size(in.dtype);  // 2 (bf16, f16) or 1 (fp8)
+  auto src = [&](int64_t i) {
+    uint16_t v = 0;
+    std::memcpy(&v, bytes + i * eb, size_t(eb));
+    return v;
+  };
   std::vector<uint16_t> out(static_cast<size_t>(total));
   int64_t packed = 0;  // position in the packed tensor, advancing one element per step
   for (int64_t b = 0; b < matrices; ++b) {
@@ -29,9 +35,9 @@ std::vector<uint16_t> oracle_pack_weight(const TensorView& in, bool inverse) {
           for (int64_t half = 0; half < 2; ++half, ++packed) {
             const int64_t plain = b * N * K + (panel * 32 + row) * K + pair * 2 + half;
             if (inverse) {
-              out[size_t(plain)] = src[packed];
+              out[size_t(plain)] = src(packed);
             } else {
-              out[size_t(packed)] = src[plain];
+              out[size_t(packed)] = src(plain);
             }
           }
         }
@@ -59,11 +65,11 @@ std::string str(const Dims& d) {
   return os.str();
 }
 
-std::vector<int64_t> as_ints(const unsigned char* bytes, int64_t n) {
+std::vector<int64_t> as_ints(const unsigned char* bytes, int64_t n, int64_t eb) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    uint16_t u;
-    std::memcpy(&u, bytes + 2 * i, 2);
+    uint16_t u = 0;
+    std::memcpy(&u, bytes + eb * i, size_t(eb));
     v[size_t(i)] = u;
   }
   return v;
@@ -82,7 +88,9 @@ std::vector<PackCase> pack_cases(const CheckRequest& req, Status* setup) {
         {"edge:reject N=48 [48, 32]", DType::bf16, {48, 32}},
         {"edge:reject K=33 [32, 33]", DType::bf16, {32, 33}},
         {"edge:reject f32 [32, 32]", DType::f32, {32, 32}},
-        {"edge:reject fp8 [32, 32]", DType::fp8_e4m3fn, {32, 32}},
+        {"edge:fp8_e4m3fn [2, 64, 70] two panels", DType::fp8_e4m3fn, {2, 64, 70}},
+        {"edge:fp8_e4m3fnuz [32, 2] one pair", DType::fp8_e4m3fnuz, {32, 2}},
+        {"edge:reject i32 [32, 32]", DType::i32, {32, 32}},
         {"edge:reject 1-D [64]", DType::bf16, {64}},
     };
   }
@@ -100,7 +108,8 @@ std::vector<PackCase> pack_cases(const CheckRequest& req, Status* setup) {
 
 bool packable(const PackCase& c) {
   const size_t n = c.dims.size();
-  return n >= 2 && dtype_size(c.dtype) == 2 && c.dims[n - 2] % 32 == 0 && c.dims[n - 1] % 2 == 0;
+  const bool elem = c.dtype == DType::bf16 || c.dtype == DType::f16 || is_fp8(c.dtype);
+  return n >= 2 && elem && c.dims[n - 2] % 32 == 0 && c.dims[n - 1] % 2 == 0;
 }
 
 std::vector<CaseResult> check_pack_impl(const CheckRequest& req, bool inverse) {
@@ -158,14 +167,14 @@ std::vector<CaseResult> check_pack_impl(const CheckRequest& req, bool inverse) {
           results.push_back(r);
           continue;
         }
-        want = as_ints(ref_out.bytes.data(), ref_out.numel());
+        want = as_ints(ref_out.bytes.data(), ref_out.numel(), dtype_size(c.dtype));
       }
       if (!s.ok()) {
         r.detail = "kernel failed: " + s.to_string();
         results.push_back(r);
         continue;
       }
-      r.metrics = compare_exact(as_ints(out.bytes.data(), out.numel()), want, c.dims);
+      r.metrics = compare_exact(as_ints(out.bytes.data(), out.numel(), dtype_size(c.dtype)), want, c.dims);
       r.ok = r.metrics.mismatches == 0;
       r.detail = "exact (raw bits)";
       if (!r.ok) r.detail += "; " + std::to_string(r.metrics.mismatches) + " mismatches, " + r.metrics.worst;

@@ -11,8 +11,9 @@
 
 namespace moekit::testing {
 
-// The 16-bit elements of pack_weight(in) (inverse = false; in row_major) or unpack_weight(in)
-// (inverse = true; in cpu_vnni2_n32). `in` must be a valid, contiguous host tensor of 2-byte elements.
+// The elements (raw bits, zero-extended to 16) of pack_weight(in) (inverse = false; in row_major) or
+// unpack_weight(in) (inverse = true; in cpu_vnni2_n32). `in` must be a valid, contiguous host tensor
+// of 2-byte (bf16, f16) or 1-byte (fp8) elements.
 std::vector<uint16_t> oracle_pack_weight(const TensorView& in, bool inverse);
 
 }  // namespace moekit::testing

@@ -91,11 +91,12 @@ Status check_shuffle_dims(const TensorView& w, const char* name) {
   return Status::Ok();
 }
 
-// Packed cpu_vnni2_n32 weights (moekit/ops/layout.h) need 16-bit elements, N % 32 == 0 and K % 2 == 0.
+// Packed cpu_vnni2_n32 weights (moekit/ops/layout.h) need 16-bit or fp8 elements, N % 32 == 0 and
+// K % 2 == 0.
 Status check_vnni2_dims(const TensorView& w, const char* name) {
   if (w.layout != Layout::cpu_vnni2_n32) return Status::Ok();
-  if (dtype_size(w.dtype) != 2) {
-    return InvalidArgument(name, ": layout cpu_vnni2_n32 needs 16-bit elements (bf16, f16), got ", dtype_name(w.dtype));
+  if (dtype_size(w.dtype) != 2 && !is_fp8(w.dtype)) {
+    return InvalidArgument(name, ": layout cpu_vnni2_n32 needs bf16, f16 or fp8 elements, got ", dtype_name(w.dtype));
   }
   const int64_t N = w.shape[1], K = w.shape[2];
   if (N % kVnniPanelN != 0 || K % kVnniPairK != 0) {

@@ -23,7 +23,8 @@ Status validate_pack_weight(const PackWeightParams& p, bool inverse) {
   MOEKIT_RETURN_IF_ERROR(check::present(p.in, "in"));
   const std::string in_dims = check::dims_str(check::dims_of(p.in));
   if (p.in.ndim < 2) return InvalidArgument("in: must have 2-4 dims [..., N, K], got ", p.in.ndim, "-D ", in_dims);
-  MOEKIT_RETURN_IF_ERROR(check::dtype_in(p.in, "in", {DType::bf16, DType::f16}));
+  MOEKIT_RETURN_IF_ERROR(
+      check::dtype_in(p.in, "in", {DType::bf16, DType::f16, DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}));
   MOEKIT_RETURN_IF_ERROR(check::contiguous(p.in, "in"));
   MOEKIT_RETURN_IF_ERROR(check::present(p.out, "out"));
   if (p.out.dtype != p.in.dtype) {

@@ -5,6 +5,7 @@
 // (src/testing/check_pack_weight.cpp) instead writes the packed tensor sequentially, walking the
 // 4-D view [N/32][K/2][32][2] in order. Test: tests/test_pack_weight.cpp.
 #include <cstdint>
+#include <cstring>
 
 #include "moekit/ops/layout.h"
 #include "ref/ref_kernels.h"
@@ -19,17 +20,18 @@ Status supports(const PackWeightParams& p) { return require_host({{"in", &p.in},
 void permute(const PackWeightParams& p, bool inverse) {
   const int64_t N = p.in.size(-2), K = p.in.size(-1);
   const int64_t matrices = p.in.numel() / (N * K);
-  const auto* src = p.in.ptr<const uint16_t>();
-  auto* dst = p.out.ptr<uint16_t>();
+  const auto* src = p.in.ptr<const unsigned char>();
+  auto* dst = p.out.ptr<unsigned char>();
+  const int64_t eb = dtype_size(p.in.dtype);  // 2 (bf16, f16) or 1 (fp8)
   for (int64_t b = 0; b < matrices; ++b) {
     const int64_t base = b * N * K;
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t c = 0; c < K; ++c) {
         const int64_t plain = base + n * K + c, packed = base + vnni2_index(n, c, K);
         if (inverse) {
-          dst[plain] = src[packed];
+          std::memcpy(dst + plain * eb, src + packed * eb, size_t(eb));
         } else {
-          dst[packed] = src[plain];
+          std::memcpy(dst + packed * eb, src + plain * eb, size_t(eb));
         }
       }
     }
@@ -50,10 +52,10 @@ Status run_unpack(const PackWeightParams& p, const RunContext&) {
 
 void register_pack_weight(Registry& r) {
   r.add({"pack_weight_ref", OpKind::pack_weight, MoeVariant::none, Backend::ref,
-         "bf16|f16 raw bits; row_major -> cpu_vnni2_n32", 0, erase_supports<PackWeightParams, supports>, nullptr,
+         "bf16|f16|fp8 raw bits; row_major -> cpu_vnni2_n32", 0, erase_supports<PackWeightParams, supports>, nullptr,
          erase_run<PackWeightParams, run_pack>});
   r.add({"unpack_weight_ref", OpKind::unpack_weight, MoeVariant::none, Backend::ref,
-         "bf16|f16 raw bits; cpu_vnni2_n32 -> row_major", 0, erase_supports<PackWeightParams, supports>, nullptr,
+         "bf16|f16|fp8 raw bits; cpu_vnni2_n32 -> row_major", 0, erase_supports<PackWeightParams, supports>, nullptr,
          erase_run<PackWeightParams, run_unpack>});
 }
 
