@@ -290,7 +290,8 @@ Status pack_moe_weights(MoeProblem* p) {
 
 namespace {
 
-// The packed-weights case of one problem (bf16 / f16 weights whose shape packs): the ref kernel on
+// The packed-weights case of one problem (bf16 / f16 weights, or fp8 per-row / per-tensor weights,
+// whose shape packs): the ref kernel on
 // the row_major weights is the reference; then the weights are packed (cpu_vnni2_n32) and every
 // non-ref kernel of the variant runs on them. Kernels that refuse packed weights are reported as
 // skipped; with only the ref kernel checked there is no packed case (tests/test_pack_weight.cpp
@@ -300,10 +301,10 @@ void run_packed_case(MoeProblem& prob, const std::string& name, const std::vecto
   const FusedMoeParams p0 = prob.params();
   const MoeVariant variant = fused_moe_variant(p0);
   const int64_t T = prob.shape.T, H = prob.shape.H;
-  if (variant != MoeVariant::unquantized || T == 0 || dtype_size(p0.w1.dtype) != 2 ||
-      p0.w1.layout != Layout::row_major) {
-    return;
-  }
+  // bf16 / f16 weights of the unquantized variant, or fp8 weights of the per-row variants.
+  const bool packs = (variant == MoeVariant::unquantized && dtype_size(p0.w1.dtype) == 2) ||
+                     ((variant == MoeVariant::fp8_row || variant == MoeVariant::fp8_row_tkw1) && is_fp8(p0.w1.dtype));
+  if (!packs || T == 0 || p0.w1.layout != Layout::row_major) return;
   if (p0.w1.shape[1] % kVnniPanelN != 0 || H % kVnniPanelN != 0) return;
   const Kernel* rk = ref_kernel(variant);
   const bool any = std::any_of(kernels.begin(), kernels.end(),
@@ -605,8 +606,9 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   if (fused_moe_variant(b->params) != v) return Internal("bench_fused_moe: variant_of() disagrees with fused_moe_variant()");
   // CPU kernels that take packed weights are timed on them: packed once here, like a model load.
   bool packed = false;
-  if (!req.row_major_weights && k.backend == Backend::cpu && v == MoeVariant::unquantized &&
-      dtype_size(b->params.w1.dtype) == 2) {
+  if (!req.row_major_weights && k.backend == Backend::cpu &&
+      ((v == MoeVariant::unquantized && dtype_size(b->params.w1.dtype) == 2) ||
+       ((v == MoeVariant::fp8_row || v == MoeVariant::fp8_row_tkw1) && is_fp8(b->params.w1.dtype)))) {
     FusedMoeParams probe = b->params;
     probe.w1.layout = probe.w2.layout = Layout::cpu_vnni2_n32;
     if (k.supports(&probe).ok() && pack_moe_weights(&b->prob).ok()) {

@@ -33,10 +33,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "cpu/thread_pool.h"
 #include "moekit/ops/fused_moe.h"
+#include "moekit/ops/layout.h"
 #include "ops/fused_moe/fused_moe_cpu.h"
 #include "ops/fused_moe/fused_moe_ref.h"
 
@@ -96,8 +99,18 @@ Status supports_common(const char* name, const FusedMoeParams& p) {
   if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16 && p.x.dtype != DType::f32) {
     return Unsupported(name, ": x must be bf16, f16 or f32, got ", dtype_name(p.x.dtype));
   }
-  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported(name, ": weights must be row_major, got ", layout_name(p.w1.layout));
+  const bool packed = p.w1.layout == Layout::cpu_vnni2_n32 && p.w2.layout == Layout::cpu_vnni2_n32 &&
+                      std::string(name) == kRow;
+  if (!packed && (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major)) {
+    return Unsupported(name, ": weights must be row_major", std::string(name) == kRow ? " or cpu_vnni2_n32" : "",
+                       ", got ", layout_name(p.w1.layout));
+  }
+  if (packed) {
+    MOEKIT_RETURN_IF_ERROR(moe::require_avx512(name, cpu_features(), true));  // the packed path is vdpbf16ps
+    const MoeDims d = moe_dims(p);
+    if (d.I % kVnniPanelN != 0 || d.H % kVnniPanelN != 0) {
+      return Unsupported(name, ": packed weights need H and I multiples of 32, got H=", d.H, " I=", d.I);
+    }
   }
   const MoeDims d = moe_dims(p);
   if (d.H % 16 != 0 || d.I % 16 != 0) {
@@ -326,6 +339,101 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedM
   }
 }
 
+// ---------------------------------------------------------------- packed (cpu_vnni2_n32) weights
+// One 32-row panel of packed fp8 codes is [K/2][32][2] bytes: K-pair q of rows 0..31 is the 64-byte
+// line q. Per line: two 32-byte halves (rows 0-15, 16-31) sign-extended to words and turned into
+// bf16 bits (code value x 2^-120, as dot_rows_fp8_dp), then one vdpbf16ps per half and token with
+// the token's activation pair (bf16 x 2^119) broadcast: the 16 lanes are 16 output rows, so no
+// horizontal sums, and each panel is read as one sequential stream (row_major weights are read as
+// R interleaved rows, which streamed worse on this machine: docs/PERF.md).
+// out[p][t][j] = (panel p row j) . (token t) for P panels (P <= 2), NT tokens (2 P NT <= 16 zmm).
+template <int P, int NT>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void panel_dots_fp8(
+    const uint8_t* const* panel, const uint16_t* const* xb, int64_t K, float (*out)[kTok][kVnniPanelN]) {
+  __m512 acc[P][NT][2];
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < NT; ++t) acc[p][t][0] = acc[p][t][1] = _mm512_setzero_ps();
+  }
+  const __m512i keep = _mm512_set1_epi16(int16_t(0x87F0));
+  for (int64_t q = 0; q < K / 2; ++q) {
+    __m512i xpair[NT];
+    for (int t = 0; t < NT; ++t) {
+      uint32_t v;
+      std::memcpy(&v, xb[t] + 2 * q, 4);
+      xpair[t] = _mm512_set1_epi32(int32_t(v));
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* line = panel[p] + q * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetch, _MM_HINT_T1);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i c =
+            _mm512_maskz_cvtepi8_epi16(0xFFFFFFFFu, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32 * h)));
+        const __m512i b = _mm512_and_si512(_mm512_maskz_slli_epi16(0xFFFFFFFFu, c, 4), keep);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) acc[p][t][h] = _mm512_dpbf16_ps(acc[p][t][h], (__m512bh)b, (__m512bh)xpair[t]);
+      }
+    }
+  }
+  const __m512 two = _mm512_set1_ps(2.0f);  // undoes 2^119 x 2^-120
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < NT; ++t) {
+      _mm512_storeu_ps(out[p][t], _mm512_mul_ps(acc[p][t][0], two));
+      _mm512_storeu_ps(out[p][t] + 16, _mm512_mul_ps(acc[p][t][1], two));
+    }
+  }
+}
+
+// Stage 1, packed: a[slot, n] for the 32 intermediate columns of gate panel cb (g1u1: with up
+// panel I/32 + cb), NT entries from ent.
+template <int NT>
+void gate_up_packed(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent,
+                    int64_t cb) {
+  const auto* w1 = p.w1.ptr<const uint8_t>() + int64_t(e) * d.N1 * d.H;
+  const int64_t panel_bytes = kVnniPanelN * d.H;
+  const uint8_t* panels[2] = {w1 + cb * panel_bytes, w1 + (d.I / kVnniPanelN + cb) * panel_bytes};
+  const uint16_t* xb[kTok];
+  for (int q = 0; q < NT; ++q) xb[q] = s.xb + int64_t(ent[q] / d.k) * d.H;
+  float dots[2][kTok][kVnniPanelN];
+  if (d.g1u1) {
+    panel_dots_fp8<2, NT>(panels, xb, d.H, dots);
+  } else {
+    panel_dots_fp8<1, NT>(panels, xb, d.H, dots);
+  }
+  const float* tw = p.topk_weights.ptr<const float>();
+  for (int q = 0; q < NT; ++q) {
+    const int32_t slot = ent[q];
+    const float win = ref::moe::slot_weight(p, tw[slot]).in;
+    const float sx = s.xs[slot / d.k];
+    for (int64_t j = 0; j < kVnniPanelN; ++j) {
+      const int64_t n = cb * kVnniPanelN + j;
+      float g = dots[0][q][j] * sx * ref::moe::row_scale(p.w1_scale, e, n, d.N1);
+      float v = ref::moe::activation(p.activation, g * win);
+      if (d.g1u1) v *= dots[1][q][j] * sx * ref::moe::row_scale(p.w1_scale, e, d.I + n, d.N1) * win;
+      s.a[int64_t(slot) * d.I + n] = v;
+    }
+  }
+}
+
+// Stage 2, packed: y[slot, h] for the 32 hidden rows of w2 panel cb, NT entries from ent.
+template <int NT>
+void down_packed(const FusedMoeParams& p, const MoeDims& d, const Scratch& s, int32_t e, const int32_t* ent,
+                 int64_t cb) {
+  const uint8_t* panels[1] = {p.w2.ptr<const uint8_t>() + int64_t(e) * d.H * d.I + cb * kVnniPanelN * d.I};
+  const uint16_t* ab[kTok];
+  for (int q = 0; q < NT; ++q) ab[q] = s.ab + int64_t(ent[q]) * d.I;
+  float dots[1][kTok][kVnniPanelN];
+  panel_dots_fp8<1, NT>(panels, ab, d.I, dots);
+  for (int q = 0; q < NT; ++q) {
+    const int32_t slot = ent[q];
+    for (int64_t j = 0; j < kVnniPanelN; ++j) {
+      const int64_t h = cb * kVnniPanelN + j;
+      s.y[int64_t(slot) * d.H + h] = dots[0][q][j] * s.as[slot] * ref::moe::row_scale(p.w2_scale, e, h, d.H);
+    }
+  }
+}
+
 // Runs fn<NT>(ent) over expert e's entries in chunks of up to kTok.
 template <typename F>
 void for_entry_chunks(const Scratch& s, int32_t e, F&& fn) {
@@ -363,6 +471,36 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       if (s.dp) stage_bf16_codes(xq, d.H, s.xb + t * d.H);
     }
   });
+  const bool packed = W::kQuant && p.w1.layout == Layout::cpu_vnni2_n32;  // supports(): then s.dp
+  if (packed) {
+    // Stage 1: tasks = active experts x gate panels; 1b as below; 2: active experts x w2 panels.
+    const int64_t gp = d.I / kVnniPanelN, hp = d.H / kVnniPanelN;
+    parallel_for(s.n_active * gp, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int32_t ex = s.active[t / gp];
+        for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) {
+          gate_up_packed<decltype(nt)::value>(p, d, s, ex, ent, t % gp);
+        });
+      }
+    });
+    parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
+      for (int64_t q = b; q < e; ++q) {
+        if (!s.valid[q]) continue;
+        s.as[q] = ref::moe::quantize_row_fp8(s.a + q * d.I, d.I, s.a + q * d.I);
+        stage_bf16_codes(s.a + q * d.I, d.I, s.ab + q * d.I);
+      }
+    });
+    parallel_for(s.n_active * hp, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int32_t ex = s.active[t / hp];
+        for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) {
+          down_packed<decltype(nt)::value>(p, d, s, ex, ent, t % hp);
+        });
+      }
+    });
+    moe::combine_slots(p, d, s, s.y);  // stage 3
+    return Status::Ok();
+  }
   // Stage 1 and 2: tasks = active experts x row blocks.
   const int64_t nbi = (d.I + kRowBlock - 1) / kRowBlock, nbh = (d.H + kRowBlock - 1) / kRowBlock;
   parallel_for(s.n_active * nbi, [&](int64_t b, int64_t e) {
