@@ -15,6 +15,7 @@
 #include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "ref/ref_topk.h"
+#include "grouped_topk_test_util.h"
 #include "routing_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
@@ -29,54 +30,12 @@ using testing::Buffer;
 using testing::logits_from_rows;
 using testing::Rng;
 
-Buffer bias_of(const std::vector<float>& v) {
-  Buffer b(DType::f32, {int64_t(v.size())});
-  for (size_t i = 0; i < v.size(); ++i) b.set(int64_t(i), v[i]);
-  return b;
-}
-
-// Outputs poisoned with 0xAB, and the params pointing at them.
-struct Call : routing_test::RoutingCall<GroupedTopkParams, grouped_topk> {
-  Call(const Buffer& gating, int k, int n_group, int topk_group, Scoring scoring, const Buffer* bias = nullptr,
-       bool renormalize = false, float rsf = 1.0f)
-      : RoutingCall(gating, k) {
-    if (bias) p.correction_bias = bias->view;
-    p.n_group = n_group;
-    p.topk_group = topk_group;
-    p.scoring = scoring;
-    p.renormalize = renormalize;
-    p.routed_scaling_factor = rsf;
-  }
-};
-
-void expect_matches_oracle(Call& c, const std::string& what) {
-  SCOPED_TRACE(what);
-  ASSERT_TRUE(c.run().ok());
-  c.expect_outputs_match(testing::oracle_grouped_topk(c.p));
-}
-
-// Random logits for a given configuration, rows redrawn until the oracle certifies them.
-Buffer certified_logits(uint64_t seed, int64_t T, int64_t E, const GroupedTopkParams& cfg, DType dt,
-                        float grid = 1.0f / 256, int64_t stride = 0) {
-  Rng rng(seed);
-  return testing::random_logits(rng, T, E, dt, 2.0f, grid, stride, [cfg](const TensorView& g) {
-    GroupedTopkParams p = cfg;
-    p.gating = g;
-    return testing::oracle_grouped_topk(p).min_rel_gap;
-  });
-}
-
-GroupedTopkParams config(int k, int n_group, int topk_group, Scoring scoring, const Buffer* bias = nullptr) {
-  GroupedTopkParams p;
-  p.k = k;
-  p.n_group = n_group;
-  p.topk_group = topk_group;
-  p.scoring = scoring;
-  if (bias) p.correction_bias = bias->view;
-  return p;
-}
-
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+using grouped_test::bias_of;
+using grouped_test::Call;
+using grouped_test::certified_logits;
+using grouped_test::config;
+using grouped_test::expect_matches_oracle;
+using grouped_test::sigmoid;
 
 // ------------------------------------------------------------------ edge cases
 TEST(GroupedTopk, T0ReturnsOkAndWritesNothing) {
@@ -641,187 +600,6 @@ TEST(GroupedTopk, CudaBenchProblemRuns) {
   EXPECT_TRUE(r.ok()) << r.to_string();
 }
 
-// ------------------------------------------------------------------ CPU kernel (grouped_topk_avx512)
-// Skipped when the CPU backend is unavailable (no AVX-512). Compared with grouped_topk_ref: ids
-// exactly, weights within kWeightAtol / kWeightRtol.
-namespace cpu_cases {
-
-Buffer random_bias(uint64_t seed, int64_t E) {
-  Rng rng(seed);
-  return testing::random_bias(rng, E);
-}
-
-// One problem (configuration `cfg`, its bias if any) on the CPU kernel and on the ref.
-void expect_cpu_matches_ref(const Buffer& gating, const GroupedTopkParams& cfg, const Buffer* bias,
-                            const std::string& what) {
-  SCOPED_TRACE(what);
-  Call want(gating, cfg.k, cfg.n_group, cfg.topk_group, cfg.scoring, bias, cfg.renormalize, cfg.routed_scaling_factor);
-  Call got(gating, cfg.k, cfg.n_group, cfg.topk_group, cfg.scoring, bias, cfg.renormalize, cfg.routed_scaling_factor);
-  routing_test::expect_kernel_matches_ref(got, want, "grouped_topk_avx512", "grouped_topk_ref", grouped_topk);
-}
-
-TEST(GroupedTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("grouped_topk_avx512");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->backend, Backend::cpu);
-  EXPECT_GT(k->priority, registry().find("grouped_topk_ref")->priority);
-  const Buffer bias = random_bias(1, 8);
-  Buffer g = certified_logits(3, 2, 8, config(2, 4, 2, Scoring::sigmoid, &bias), DType::f32);
-  Call c(g, 2, 4, 2, Scoring::sigmoid, &bias);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::grouped_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "grouped_topk_avx512");
-  }
-  c.p.correction_bias.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("correction_bias"), std::string::npos) << s.message();
-}
-
-TEST(GroupedTopk, CpuEdgeCasesMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "deepseek-v3";
-  req.tokens = {1, 7, 64};
-  routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, "edge cases");
-}
-
-// T not a multiple of the thread split, E and group sizes not multiples of the 16-lane vector (or
-// powers of two), both scorings with and without bias, and problems big enough for every thread.
-TEST(GroupedTopk, CpuThreadSplitAndVectorTailsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  struct Shape {
-    int64_t T, E;
-    int k, n_group, topk_group;
-    Scoring scoring;
-    bool bias;
-  };
-  const Scoring sg = Scoring::sigmoid, sm = Scoring::softmax;
-  const Shape shapes[] = {{1031, 256, 8, 8, 4, sg, true},  {517, 60, 6, 4, 3, sm, true}, {333, 96, 5, 3, 2, sg, false},
-                          {97, 6, 3, 3, 2, sg, true},      {7, 257, 4, 1, 1, sm, false}, {2049, 18, 2, 9, 2, sm, false},
-                          {64, 40, 20, 5, 5, sg, true}};
-  int n = 0;
-  for (const Shape& s : shapes) {
-    const Buffer bias = random_bias(uint64_t(60 + n), s.E);
-    GroupedTopkParams cfg = config(s.k, s.n_group, s.topk_group, s.scoring, s.bias ? &bias : nullptr);
-    cfg.renormalize = n % 2 == 0;
-    cfg.routed_scaling_factor = n % 3 == 0 ? 2.5f : 1.0f;
-    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
-    const Buffer g = certified_logits(uint64_t(50 + n), s.T, s.E, cfg, dt);
-    expect_cpu_matches_ref(g, cfg, s.bias ? &bias : nullptr,
-                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
-    ++n;
-  }
-}
-
-// Non-finite logits, an infinite bias, and logits on a 1/4 grid (exact ties): only the tie rules
-// decide, so the ids must equal the ref's exactly.
-TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  int n = 0;
-  for (int64_t Eg : {8, 60, 256}) {
-    for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
-      for (bool with_bias : {false, true}) {
-        Buffer bias = random_bias(uint64_t(300 + n), Eg);
-        if (n % 4 == 3) bias.set(1, kInf);
-        const int n_group = Eg == 60 ? 4 : 8 > Eg ? int(Eg) : 8;
-        GroupedTopkParams cfg = config(4, n_group, std::max(1, n_group / 2), sc, with_bias ? &bias : nullptr);
-        cfg.renormalize = n % 2 == 0;
-        const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
-        const int64_t T = Eg == 256 && n % 4 == 1 ? 1031 : 97;  // some problems large enough for every thread
-        const Buffer g = routing_test::nonfinite_logits(uint64_t(400 + n), T, Eg, dt);
-        expect_cpu_matches_ref(g, cfg, with_bias ? &bias : nullptr, "Eg=" + std::to_string(Eg) + " n=" + std::to_string(n));
-        ++n;
-      }
-    }
-  }
-}
-
-// Biased scores a few ulps apart (identical logits, biases 1e-7 apart, also across groups): too
-// close for the fast path's error bound, so the kernel must take the exact path and still give
-// the reference's ids.
-TEST(GroupedTopk, CpuNearTiesTakeTheExactPath) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  const int64_t T = 40, E = 64;
-  Buffer g(DType::f32, {T, E});
-  Rng rng(12);
-  for (int64_t t = 0; t < T; ++t) {
-    const float base = rng.uniform(-1.0f, 1.0f);
-    for (int64_t e = 0; e < E; ++e) g.set(t * E + e, t % 2 ? base : base + float(e % 3) * 1e-6f);
-  }
-  Buffer bias(DType::f32, {E});
-  for (int64_t e = 0; e < E; ++e) bias.set(e, float((e * 37) % E) * 1e-7f);
-  for (int k : {1, 4, 8}) {
-    GroupedTopkParams cfg = config(k, 8, 4, Scoring::sigmoid, &bias);
-    cfg.renormalize = true;
-    expect_cpu_matches_ref(g, cfg, &bias, "k=" + std::to_string(k));
-  }
-}
-
-// The vector sigmoid of the fast path against ref::sigmoid_f32 on about a million f32 bit patterns:
-// the error bound the fast path's certification assumes, |s' - s| <= 2 * kExpRelErr * s (+ 1e-30
-// where exp underflows).
-MOEKIT_CPU_AVX512 void sigmoid_approx_16(const float* x, float* out) {
-  _mm512_storeu_ps(out, cpu::simd::sigmoid_approx(_mm512_loadu_ps(x)));
-}
-
-TEST(GroupedTopk, CpuVectorSigmoidMeetsItsErrorBound) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  double worst = 0;
-  alignas(64) float x[16], y[16];
-  int n = 0;
-  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) {
-    const uint32_t bits = uint32_t(u);
-    std::memcpy(&x[n++], &bits, 4);
-    if (n < 16) continue;
-    n = 0;
-    sigmoid_approx_16(x, y);
-    for (int i = 0; i < 16; ++i) {
-      const double want = ref::sigmoid_f32(x[i]);
-      const double err = std::fabs(double(y[i]) - want);
-      ASSERT_LE(err, 2.0 * cpu::simd::kExpRelErr * want + 1e-30) << "x=" << x[i] << " got " << y[i] << " want " << want;
-      if (want > 1e-30) worst = std::max(worst, err / want);
-    }
-  }
-  RecordProperty("worst_relative_error", std::to_string(worst));
-}
-
-// A big call equals itself run to run (fixed partition; no dependence on scheduling).
-TEST(GroupedTopk, CpuIsDeterministicRunToRun) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  const Buffer bias = random_bias(9, 256);
-  GroupedTopkParams cfg = config(8, 8, 4, Scoring::sigmoid, &bias);
-  const Buffer g = certified_logits(78, 1500, 256, cfg, DType::bf16);
-  RunOptions opts;
-  opts.kernel = "grouped_topk_avx512";
-  Call a(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f), b(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
-  ASSERT_TRUE(grouped_topk(a.p, opts).ok());
-  ASSERT_TRUE(grouped_topk(b.p, opts).ok());
-  EXPECT_EQ(a.w.bytes, b.w.bytes);
-  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
-}
-
-TEST(GroupedTopk, CpuPresetsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 63, 600};
-    routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, model);
-  }
-}
-
-}  // namespace cpu_cases
 
 }  // namespace
 }  // namespace moekit
