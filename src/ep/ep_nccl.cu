@@ -33,6 +33,14 @@ Status check_nccl(ncclResult_t r, const char* what) {
   return BackendError(what, ": ", ncclGetErrorString(r));
 }
 
+// The first failing send / receive of a group (the group is still closed with ncclGroupEnd).
+struct P2p {
+  Status first;
+  void note(ncclResult_t r, const char* what) {
+    if (first.ok() && r != ncclSuccess) static_cast<void>(first = check_nccl(r, what));
+  }
+};
+
 // Row i of the send buffers <- row send_token[i] of x / topk_ids / topk_weights. V: the widest word
 // dividing a row of x.
 template <class V>
@@ -369,6 +377,7 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
   }
   const ncclDataType_t xt = nccl_type(dt);
   MOEKIT_RETURN_IF_ERROR(check_nccl(ncclGroupStart(), "ep dispatch: ncclGroupStart"));
+  P2p p2p;
   for (int r = 0; r < world; ++r) {
     RankState& q = g.r[r];
     for (int d = 0; d < world; ++d) {
@@ -376,29 +385,30 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
       if (n == 0) continue;
       const int64_t off = plan.send_offset(r, d);
       if (opts.fp8_dispatch) {
-        ncclSend(q.send_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, d, q.comm, q.stream);
-        ncclSend(q.send_scale.as<float>() + off, size_t(n), ncclFloat32, d, q.comm, q.stream);
+        p2p.note(ncclSend(q.send_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, d, q.comm, q.stream), "ncclSend");
+        p2p.note(ncclSend(q.send_scale.as<float>() + off, size_t(n), ncclFloat32, d, q.comm, q.stream), "ncclSend");
       } else {
-        ncclSend(q.send_x.as<char>() + off * row_bytes, size_t(n * H), xt, d, q.comm, q.stream);
+        p2p.note(ncclSend(q.send_x.as<char>() + off * row_bytes, size_t(n * H), xt, d, q.comm, q.stream), "ncclSend");
       }
-      ncclSend(q.send_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, d, q.comm, q.stream);
-      ncclSend(q.send_w.as<float>() + off * k, size_t(n * k), ncclFloat32, d, q.comm, q.stream);
+      p2p.note(ncclSend(q.send_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, d, q.comm, q.stream), "ncclSend");
+      p2p.note(ncclSend(q.send_w.as<float>() + off * k, size_t(n * k), ncclFloat32, d, q.comm, q.stream), "ncclSend");
     }
     for (int s = 0; s < world; ++s) {
       const int64_t n = plan.count[size_t(s) * world + r];
       if (n == 0) continue;
       const int64_t off = plan.recv_offset(r, s);
       if (opts.fp8_dispatch) {
-        ncclRecv(q.recv_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, s, q.comm, q.stream);
-        ncclRecv(q.recv_scale.as<float>() + off, size_t(n), ncclFloat32, s, q.comm, q.stream);
+        p2p.note(ncclRecv(q.recv_q.as<uint8_t>() + off * H, size_t(n * H), ncclUint8, s, q.comm, q.stream), "ncclRecv");
+        p2p.note(ncclRecv(q.recv_scale.as<float>() + off, size_t(n), ncclFloat32, s, q.comm, q.stream), "ncclRecv");
       } else {
-        ncclRecv(q.recv_x.as<char>() + off * row_bytes, size_t(n * H), xt, s, q.comm, q.stream);
+        p2p.note(ncclRecv(q.recv_x.as<char>() + off * row_bytes, size_t(n * H), xt, s, q.comm, q.stream), "ncclRecv");
       }
-      ncclRecv(q.recv_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, s, q.comm, q.stream);
-      ncclRecv(q.recv_w.as<float>() + off * k, size_t(n * k), ncclFloat32, s, q.comm, q.stream);
+      p2p.note(ncclRecv(q.recv_ids.as<int32_t>() + off * k, size_t(n * k), ncclInt32, s, q.comm, q.stream), "ncclRecv");
+      p2p.note(ncclRecv(q.recv_w.as<float>() + off * k, size_t(n * k), ncclFloat32, s, q.comm, q.stream), "ncclRecv");
     }
   }
   MOEKIT_RETURN_IF_ERROR(check_nccl(ncclGroupEnd(), "ep dispatch: ncclGroupEnd"));
+  MOEKIT_RETURN_IF_ERROR(p2p.first);
 
   // 3. experts on the received rows.
   for (int r = 0; r < world; ++r) {
@@ -437,18 +447,26 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
 
   // 4. combine: partial rows back to their sources (into the send-row order), then the sum.
   MOEKIT_RETURN_IF_ERROR(check_nccl(ncclGroupStart(), "ep combine: ncclGroupStart"));
+  p2p = P2p{};
   for (int r = 0; r < world; ++r) {
     RankState& q = g.r[r];
     for (int s = 0; s < world; ++s) {  // r as expert rank: rows it received from s go back
       const int64_t n = plan.count[size_t(s) * world + r];
-      if (n > 0) ncclSend(q.partial.as<char>() + plan.recv_offset(r, s) * row_bytes, size_t(n * H), xt, s, q.comm, q.stream);
+      if (n == 0) continue;
+      p2p.note(ncclSend(q.partial.as<char>() + plan.recv_offset(r, s) * row_bytes, size_t(n * H), xt, s, q.comm,
+                        q.stream),
+               "ncclSend");
     }
     for (int d = 0; d < world; ++d) {  // r as source: its rows come back from d
       const int64_t n = plan.count[size_t(r) * world + d];
-      if (n > 0) ncclRecv(q.back.as<char>() + plan.send_offset(r, d) * row_bytes, size_t(n * H), xt, d, q.comm, q.stream);
+      if (n == 0) continue;
+      p2p.note(ncclRecv(q.back.as<char>() + plan.send_offset(r, d) * row_bytes, size_t(n * H), xt, d, q.comm,
+                        q.stream),
+               "ncclRecv");
     }
   }
   MOEKIT_RETURN_IF_ERROR(check_nccl(ncclGroupEnd(), "ep combine: ncclGroupEnd"));
+  MOEKIT_RETURN_IF_ERROR(p2p.first);
   for (int r = 0; r < world; ++r) {
     RankState& q = g.r[r];
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaSetDevice(q.device), "ep run: cudaSetDevice"));
