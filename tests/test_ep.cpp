@@ -142,6 +142,7 @@ struct Problem {
     v.data = const_cast<unsigned char*>(w.bytes.data()) + size_t(r * e) * size_t(v.stride[0]) * dtype_size(v.dtype);
     return v;
   }
+  bool weight_on_input = false;  // Llama-4 style (k == 1)
   // Single-device reference: fused_moe over all tokens of all ranks with all experts (host).
   std::vector<float> single() const {
     int64_t T = 0;
@@ -166,6 +167,7 @@ struct Problem {
     p.topk_ids = ai.view;
     p.topk_weights = aw.view;
     p.out = ao.view;
+    p.weight_on_input = weight_on_input;
     EXPECT_TRUE(fused_moe(p).ok());
     std::vector<float> v(static_cast<size_t>(T * H));
     for (int64_t i = 0; i < T * H; ++i) v[size_t(i)] = ao.get(i);
@@ -238,6 +240,25 @@ void run_simulation(int world, std::vector<int64_t> tokens, bool skew, uint64_t 
 }
 
 TEST(Ep, SimulateTwoRanksEqualsSingle) { run_simulation(2, {7, 13}, false, 1); }
+
+// One rank: the plan sends every routed token to itself; the result is the single-device one.
+TEST(Ep, SimulateOneRankEqualsSingle) { run_simulation(1, {11}, false, 12); }
+
+// Llama-4 style: k = 1 with the router weight on the expert input, over 4 ranks.
+TEST(Ep, SimulateWeightOnInputKOne) {
+  Problem pb(4, 16, 1, {6, 9, 0, 5}, false, 13);
+  pb.weight_on_input = true;
+  const auto want = pb.single();
+  ep::Options o;
+  o.weight_on_input = true;
+  ASSERT_TRUE(ep::simulate_host(pb.host_ranks(), pb.Eg, o).ok());
+  std::vector<std::vector<float>> got;
+  for (int r = 0; r < pb.world; ++r) {
+    got.emplace_back();
+    for (int64_t i = 0; i < pb.tokens[size_t(r)] * pb.H; ++i) got.back().push_back(pb.out[size_t(r)].get(i));
+  }
+  expect_close(pb, got, want);
+}
 TEST(Ep, SimulateFp8PerRowWeightsFourRanks) { run_simulation(4, {9, 0, 21, 4}, false, 9, /*fp8_weights=*/true); }
 TEST(Ep, SimulateFp8Dispatch) { run_simulation(2, {12, 30}, false, 10, false, /*fp8_dispatch=*/true); }
 TEST(Ep, SimulateFourRanksUnevenWithEmptyRank) { run_simulation(4, {9, 0, 33, 2}, false, 2); }

@@ -71,6 +71,7 @@ struct RankInputs {
 struct Options {
   Activation activation = Activation::silu;
   bool round_intermediate = true;  // as FusedMoeParams::round_intermediate
+  bool weight_on_input = false;    // as FusedMoeParams::weight_on_input (Llama-4; k == 1)
   int scale_block_n = 0;           // fp8 block-scaled weights: as FusedMoeParams
   int scale_block_k = 0;
   bool fp8_dispatch = false;       // send x rows as e4m3fn + one f32 scale per row (see the top)

@@ -80,6 +80,7 @@ Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options
     p.scale_block_k = opts.scale_block_k;
     p.activation = opts.activation;
     p.round_intermediate = opts.round_intermediate;
+    p.weight_on_input = opts.weight_on_input;
     MOEKIT_RETURN_IF_ERROR(fused_moe(p));
   }
 

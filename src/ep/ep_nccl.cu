@@ -433,6 +433,7 @@ Status run(Group& group, const std::vector<RankInputs>& ranks, int Eg, const Opt
       p.scale_block_k = opts.scale_block_k;
       p.activation = opts.activation;
       p.round_intermediate = opts.round_intermediate;
+      p.weight_on_input = opts.weight_on_input;
       RunOptions ro;
       ro.stream = q.stream;
       size_t ws = 0;
