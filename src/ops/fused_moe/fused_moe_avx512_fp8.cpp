@@ -471,10 +471,11 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       if (s.dp) stage_bf16_codes(xq, d.H, s.xb + t * d.H);
     }
   });
-  const bool packed = W::kQuant && p.w1.layout == Layout::cpu_vnni2_n32;  // supports(): then s.dp
+  // Stages 1 and 2: tasks = active experts x (packed fp8: 32-row panels; else blocks of kRowBlock
+  // rows). NOTE: supports() let packed weights through only with AVX-512 BF16, so then s.dp.
+  const bool packed = W::kQuant && p.w1.layout == Layout::cpu_vnni2_n32;
   if (packed) {
-    // Stage 1: tasks = active experts x gate panels; 1b as below; 2: active experts x w2 panels.
-    const int64_t gp = d.I / kVnniPanelN, hp = d.H / kVnniPanelN;
+    const int64_t gp = d.I / kVnniPanelN;
     parallel_for(s.n_active * gp, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const int32_t ex = s.active[t / gp];
@@ -483,34 +484,17 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
         });
       }
     });
-    parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
-      for (int64_t q = b; q < e; ++q) {
-        if (!s.valid[q]) continue;
-        s.as[q] = ref::moe::quantize_row_fp8(s.a + q * d.I, d.I, s.a + q * d.I);
-        stage_bf16_codes(s.a + q * d.I, d.I, s.ab + q * d.I);
-      }
-    });
-    parallel_for(s.n_active * hp, [&](int64_t b, int64_t e) {
+  } else {
+    const int64_t nbi = (d.I + kRowBlock - 1) / kRowBlock;
+    parallel_for(s.n_active * nbi, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const int32_t ex = s.active[t / hp];
-        for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) {
-          down_packed<decltype(nt)::value>(p, d, s, ex, ent, t % hp);
-        });
+        const int32_t ex = s.active[t / nbi];
+        const int64_t i0 = (t % nbi) * kRowBlock, i1 = std::min(d.I, i0 + kRowBlock);
+        for_entry_chunks(
+            s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<W, decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
       }
     });
-    moe::combine_slots(p, d, s, s.y);  // stage 3
-    return Status::Ok();
   }
-  // Stage 1 and 2: tasks = active experts x row blocks.
-  const int64_t nbi = (d.I + kRowBlock - 1) / kRowBlock, nbh = (d.H + kRowBlock - 1) / kRowBlock;
-  parallel_for(s.n_active * nbi, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int32_t ex = s.active[t / nbi];
-      const int64_t i0 = (t % nbi) * kRowBlock, i1 = std::min(d.I, i0 + kRowBlock);
-      for_entry_chunks(
-          s, ex, [&](auto nt, const int32_t* ent) { gate_up_rows<W, decltype(nt)::value>(p, d, s, ex, ent, i0, i1); });
-    }
-  });
   // Stage 1b (fp8): per (token, slot) re-quantization of a.
   if (W::kQuant) {
     parallel_for(d.T * d.k, [&](int64_t b, int64_t e) {
@@ -521,14 +505,27 @@ Status run(const FusedMoeParams& p, const RunContext& ctx) {
       }
     });
   }
-  parallel_for(s.n_active * nbh, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int32_t ex = s.active[t / nbh];
-      const int64_t h0 = (t % nbh) * kRowBlock, h1 = std::min(d.H, h0 + kRowBlock);
-      for_entry_chunks(
-          s, ex, [&](auto nt, const int32_t* ent) { down_rows<W, decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
-    }
-  });
+  if (packed) {
+    const int64_t hp = d.H / kVnniPanelN;
+    parallel_for(s.n_active * hp, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int32_t ex = s.active[t / hp];
+        for_entry_chunks(s, ex, [&](auto nt, const int32_t* ent) {
+          down_packed<decltype(nt)::value>(p, d, s, ex, ent, t % hp);
+        });
+      }
+    });
+  } else {
+    const int64_t nbh = (d.H + kRowBlock - 1) / kRowBlock;
+    parallel_for(s.n_active * nbh, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int32_t ex = s.active[t / nbh];
+        const int64_t h0 = (t % nbh) * kRowBlock, h1 = std::min(d.H, h0 + kRowBlock);
+        for_entry_chunks(
+            s, ex, [&](auto nt, const int32_t* ent) { down_rows<W, decltype(nt)::value>(p, d, s, ex, ent, h0, h1); });
+      }
+    });
+  }
   moe::combine_slots(p, d, s, s.y);  // stage 3
   return Status::Ok();
 }
