@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "testing/harness.h"
 #include "testing/oracle_routing.h"
@@ -141,6 +142,28 @@ inline testing::Buffer nonfinite_logits(uint64_t seed, int64_t T, int64_t E, DTy
 inline std::string cpu_unavailable() {
   const Status s = registry().backend_available(Backend::cpu);
   return s.ok() ? "" : "CPU backend unavailable: " + s.to_string();
+}
+
+// The CPU kernel `name` of `op`: registered on the cpu backend above the ref kernel `ref`, accepts
+// the host problem p, is what the default dispatch picks where the CPU backend runs, and refuses p
+// once its tensor `moved` lives on a CUDA device, naming that argument (`moved_name`).
+template <class Params>
+void expect_cpu_kernel_registered(OpKind op, const char* name, const char* ref, Params p, TensorView Params::*moved,
+                                  const char* moved_name) {
+  const Kernel* k = registry().find(name);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find(ref)->priority);
+  EXPECT_TRUE(k->supports(&p).ok());
+  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
+    const Kernel* chosen = nullptr;
+    ASSERT_TRUE(registry().select_with(Config{}, op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, name);
+  }
+  (p.*moved).device = Device::cuda;
+  const Status s = k->supports(&p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find(moved_name), std::string::npos) << s.message();
 }
 
 // Runs a routing check hook restricted to the CPU kernels and expects every case to pass against

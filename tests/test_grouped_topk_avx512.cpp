@@ -52,23 +52,11 @@ void expect_cpu_matches_ref(const Buffer& gating, const GroupedTopkParams& cfg, 
 }
 
 TEST(GroupedTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("grouped_topk_avx512");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->backend, Backend::cpu);
-  EXPECT_GT(k->priority, registry().find("grouped_topk_ref")->priority);
   const Buffer bias = random_bias(1, 8);
   Buffer g = certified_logits(3, 2, 8, config(2, 4, 2, Scoring::sigmoid, &bias), DType::f32);
   Call c(g, 2, 4, 2, Scoring::sigmoid, &bias);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::grouped_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "grouped_topk_avx512");
-  }
-  c.p.correction_bias.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("correction_bias"), std::string::npos) << s.message();
+  routing_test::expect_cpu_kernel_registered(OpKind::grouped_topk, "grouped_topk_avx512", "grouped_topk_ref",
+                                             c.p, &GroupedTopkParams::correction_bias, "correction_bias");
 }
 
 TEST(GroupedTopk, CpuEdgeCasesMatchRef) {

@@ -412,22 +412,10 @@ void expect_cpu_matches_ref(const Buffer& gating, int k, const std::string& what
 }
 
 TEST(SigmoidTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("sigmoid_topk_avx512");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->backend, Backend::cpu);
-  EXPECT_GT(k->priority, registry().find("sigmoid_topk_ref")->priority);
   Buffer g = random_logits(3, 2, 8, DType::f32);
   Call c(g, 1);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::sigmoid_topk, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "sigmoid_topk_avx512");
-  }
-  c.p.gating.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("gating"), std::string::npos) << s.message();
+  routing_test::expect_cpu_kernel_registered(OpKind::sigmoid_topk, "sigmoid_topk_avx512", "sigmoid_topk_ref",
+                                             c.p, &SigmoidTopkParams::gating, "gating");
 }
 
 TEST(SigmoidTopk, CpuEdgeCasesMatchRef) {

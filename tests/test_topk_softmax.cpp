@@ -564,22 +564,10 @@ void expect_cpu_matches_ref(const Buffer& gating, int k, bool renormalize, const
 }
 
 TEST(TopkSoftmax, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("topk_softmax_avx512");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->backend, Backend::cpu);
-  EXPECT_GT(k->priority, registry().find("topk_softmax_ref")->priority);
   Buffer g = certified_logits(3, 2, 8, 2, DType::f32);
   Call c(g, 2);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::topk_softmax, MoeVariant::none, &c.p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "topk_softmax_avx512");
-  }
-  c.p.topk_ids.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("topk_ids"), std::string::npos) << s.message();
+  routing_test::expect_cpu_kernel_registered(OpKind::topk_softmax, "topk_softmax_avx512", "topk_softmax_ref",
+                                             c.p, &TopkSoftmaxParams::topk_ids, "topk_ids");
 }
 
 TEST(TopkSoftmax, CpuEdgeCasesMatchRef) {
