@@ -382,6 +382,41 @@ TEST(FusedMoeSm90Grouped, WeightOnInput128RowMTiles) {
   expect_matches_ref(prob);
 }
 
+// BM = 128 tiles around the warpgroup cut (64 rows): experts with 64, 65, 1, 192 (a tail of 64)
+// and 129 (a tail of 1) rows, expert 5 empty; H = 192 (3 K slices in gemm1). I = 384 runs gemm2 in
+// one K range, I = 640 in two (fused_moe_sm90_grouped_gemm2_splits).
+TEST(FusedMoeSm90Grouped, TailTilesAndSplitKGemm2) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(451, 6) == 128, "covers the BM = 128 tiles");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 384 / 64) == 1, "one K range");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 640 / 64) == 2, "two K ranges");
+  for (int inter : {384, 640}) {
+    MoeProblem prob = make(small_shape(Scheme::bf16, 451, 6, 1, 192, inter));
+    const int counts[5] = {64, 65, 1, 192, 129};
+    int32_t* ids = prob.topk_ids.data<int32_t>();
+    int64_t t = 0;
+    for (int e = 0; e < 5; ++e) {
+      for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
+    }
+    ASSERT_EQ(t, prob.topk_ids.numel());
+    update_touched(&prob);
+    expect_matches_ref(prob);
+  }
+}
+
+// gemm2 in two K ranges with an odd number of K slices (I = 576: 4 + 5), k = 2, g1u1 and g1u0.
+TEST(FusedMoeSm90Grouped, SplitKGemm2OddSlices) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(400 * 2, 6) == 128, "covers the BM = 128 tiles");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(7 + 6, 1, 576 / 64) == 2, "two K ranges");
+  for (bool g1u1 : {true, false}) {
+    MoeProblemOptions o;
+    o.g1u1 = g1u1;
+    MoeProblem prob = make(small_shape(Scheme::bf16, 400, 6, 2, 192, 576), o);
+    expect_matches_ref(prob);
+  }
+}
+
 TEST(FusedMoeSm90Grouped, ExpertMap128RowMTiles) {
   REQUIRE_CUDA();
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(500 * 2, 8) == 128, "covers the BM = 128 tiles");
@@ -470,6 +505,13 @@ TEST(FusedMoeSm90Grouped, TileMSelectionByRowsPerExpert) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(4096 * 8, 256), 128);  // deepseek-v3 T=4096
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(512 * 2, 8), 128);     // mixtral T=512
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_tile_m(100, 0), 128);         // Eg = 0 guarded
+}
+
+TEST(FusedMoeSm90Grouped, Gemm2SplitsByWorkListLength) {
+  // Pure host rule: Mixtral T = 512 (<= 16 M tiles x 16 N tiles, 224 K slices) splits, T = 4096 not.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 224), 2);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(72, 16, 224), 1);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 7), 1);
 }
 
 TEST(FusedMoeSm90Grouped, WgmmaSelectionRule) {

@@ -41,6 +41,7 @@ constexpr size_t kAlign = 256;
 struct WsLayout {
   size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xs, a, y, total;
   int64_t tk, tiles_max;
+  int splits;  // gemm2 K ranges (fused_moe_sm90_grouped_gemm2_splits), y holds one [Tk, H] per range
 };
 
 // M tile rows for p (64 or 128): see fused_moe_sm90_grouped_tile_m (the header).
@@ -75,7 +76,10 @@ WsLayout layout_of(const FusedMoeParams& p) {
   // consecutive rows; Hopper's has no row gather).
   l.xs = take(fused_moe_sm90_grouped_uses_tma(bm) ? size_t(l.tk) * size_t(d.H) * 2 : 0);
   l.a = take(size_t(l.tk) * size_t(d.I) * 2);
-  l.y = take(size_t(l.tk) * size_t(d.H) * 4);
+  l.splits = fused_moe_sm90_grouped_uses_tma(bm) ? fused_moe_sm90_grouped_gemm2_splits(
+                                                      l.tiles_max, ceil_div(d.H, kBN), d.I / kBK)
+                                                : 1;
+  l.y = take(size_t(l.splits) * size_t(l.tk) * size_t(d.H) * 4);
   l.total = off + kAlign;  // + kAlign: the caller's workspace need not be aligned
   return l;
 }
@@ -382,8 +386,10 @@ struct Gemm2Args {
   const int32_t* tile_expert;
   const int32_t* tile_row0;
   const int32_t* num_tiles;
-  float* y;                   // [Tk, H] out
+  float* y;                   // [splits, Tk, H] out: the partial sum of K range ks at y + ks * y_split
+  int64_t y_split;
   int H, I;
+  int splits;                 // K ranges (1 or 2; the TMA path only)
 };
 
 template <class TT, int BM>
@@ -474,7 +480,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       ws_tile(t, num_m, n_tiles, m, n);
       const int e = p.tile_expert[m], i0 = n * (G1U1 ? kBN / 2 : kBN);
       const int b0 = e * n1 + i0, b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
-      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b1, KT);
+      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b1, 0, KT);
     }
     return;
   }
@@ -492,7 +498,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-// gemm2 over the work list (M tiles x H / 256): ma = a [Tk, I], mb = w2 as [E * H, I].
+// gemm2 over the work list (M tiles x H / 256 x p.splits K ranges; the K ranges of one tile are
+// consecutive items): ma = a [Tk, I], mb = w2 as [E * H, I]. K range ks writes y + ks * y_split.
 template <class TT>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm2_ws_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Gemm2Args p,
@@ -500,38 +507,41 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = p.I / kBK;
+  const int num_m = *p.num_tiles, S = p.splits, total = num_m * n_tiles * S, KT = p.I / kBK;
   WsRing ring;
   if (warp == kWsConsumerWarps) {  // producer
     if (threadIdx.x % 32 != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int m, n;
-      ws_tile(t, num_m, n_tiles, m, n);
-      const int b0 = p.tile_expert[m] * p.H + n * kBN;
-      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b0 + kBN / 2, KT);
+      ws_tile(t / S, num_m, n_tiles, m, n);
+      const int ks = t % S, b0 = p.tile_expert[m] * p.H + n * kBN;
+      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b0 + kBN / 2, ks * KT / S, (ks + 1) * KT / S);
     }
     return;
   }
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     int m, n;
-    ws_tile(t, num_m, n_tiles, m, n);
+    ws_tile(t / S, num_m, n_tiles, m, n);
+    const int ks = t % S, kts = (ks + 1) * KT / S - ks * KT / S;
     const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBN;
     const int nrows = p.offsets[e + 1] - row0;
     AccW acc;
-    ws_consume_tile<TT>(sm, ring, warp >> 2, KT, acc);
+    ws_consume_tile<TT>(sm, ring, warp >> 2, kts, acc);
     store_gemm2<1, kWgNT, true>(acc.v, warp * 16, nrows, p.H - h0,
-                                p.y + int64_t(row0) * p.H + h0, p.H);
+                                p.y + ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
   }
 }
 
 // ---------------------------------------------------------------- 4. reduction over k
 struct ReduceArgs {
-  const float* y;           // [Tk, H]
+  const float* y;           // [splits, Tk, H]: K-range partials at y + ks * y_split
+  int64_t y_split;
   const int32_t* slot_row;  // [Tk]
   const float* weights;     // [Tk]
   void* out;                // [T, H] row stride os
   int64_t os;
   int H, k;
+  int splits;               // 1 or 2
   bool weight_on_input;
 };
 
@@ -554,7 +564,14 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
       const int r = s_row[j];
       if (r < 0) continue;
       const float w = s_w[j];
-      const float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
+      float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
+      if (p.splits == 2) {  // range 0 + range 1, in that order
+        const float4 v1 = *reinterpret_cast<const float4*>(p.y + p.y_split + int64_t(r) * p.H + c);
+        v.x += v1.x;
+        v.y += v1.y;
+        v.z += v1.z;
+        v.w += v1.w;
+      }
       acc.x += w * v.x;
       acc.y += w * v.y;
       acc.z += w * v.z;
@@ -650,7 +667,7 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
   MOEKIT_RETURN_IF_ERROR(check_cuda(
       cudaFuncSetAttribute(gemm2_ws_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
       "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
-  gemm2_ws_kernel<TT><<<grid(n_tiles2), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
+  gemm2_ws_kernel<TT><<<grid(n_tiles2 * l.splits), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
   return last_launch("fused_moe_sm90_grouped gemm2");
 }
 
@@ -682,7 +699,8 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
 
   Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
                tile_expert, tile_row0, num_tiles, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
-  Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, num_tiles, y, int(d.H), int(d.I)};
+  Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, num_tiles, y, l.tk * d.H, int(d.H), int(d.I),
+               l.splits};
   if (bm == 64) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
   } else if constexpr (fused_moe_sm90_grouped_uses_tma(128)) {
@@ -691,8 +709,8 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 128>(p, g1, g2, unsigned(l.tiles_max), s)));
   }
 
-  ReduceArgs rd{y, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H), int(d.k),
-                p.weight_on_input};
+  ReduceArgs rd{y, l.tk * d.H, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H),
+                int(d.k), l.splits, p.weight_on_input};
   reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
   return last_launch("fused_moe_sm90_grouped reduce");
 }

@@ -8,7 +8,8 @@
 //   2. gemm1   (tiles x I/128 for g1u1, I/256 for g1u0): gathers x rows, h = x . w1[e]^T for
 //      matching gate/up columns, a = act(w*g) * (w*u) (w = 1 unless weight_on_input), rounded to
 //      x's dtype -> workspace.
-//   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace.
+//   3. gemm2   (tiles x H/256): y_row = a_row . w2[e]^T in f32 -> workspace (TMA path: possibly
+//      as two K-range partials, fused_moe_sm90_grouped_gemm2_splits).
 // M tiles are BM = 64 or 128 rows of one expert (fused_moe_sm90_grouped_tile_m), N tiles 256; a
 // 64-row tile with <= 16 / <= 32 valid rows skips the MMAs of its empty 16-row slices. 64-row
 // tiles run on mma.sync (HMMA m16n8k16, cp.async pipeline, one CTA per tile). 128-row tiles run
@@ -64,6 +65,15 @@ constexpr bool fused_moe_sm90_grouped_uses_wgmma(int tile_m) { return MOEKIT_GRO
 #endif
 constexpr bool fused_moe_sm90_grouped_uses_tma(int tile_m) {
   return MOEKIT_GROUPED_TMA != 0 && fused_moe_sm90_grouped_uses_wgmma(tile_m);
+}
+
+// K ranges of the TMA path's gemm2 (split K; each range writes its own f32 partial y, the reduce
+// adds them in range order, so results stay deterministic): 2 when the work list (at most tiles_max
+// M tiles x n_tiles N tiles of 128 x 256) fits in two waves of 132 CTAs (the H200's SMs) and K has
+// >= 8 slices of 64, else 1. NOTE: Mixtral T=512 (<= 16 M tiles x 16 N tiles) otherwise runs 1.45
+// waves of 14336-long K loops, the last one 45% full. Pure (host and tests).
+constexpr int fused_moe_sm90_grouped_gemm2_splits(int64_t tiles_max, int64_t n_tiles, int64_t k_slices) {
+  return tiles_max * n_tiles <= 2 * 132 && k_slices >= 8 ? 2 : 1;
 }
 
 // Adds the registry row (priority 100, variant unquantized).

@@ -124,11 +124,12 @@ struct WsRing {
   }
 };
 
-// Producer (one thread): K slices of A rows [row0, row0 + 128) and of the two 128-row B boxes at
-// b_row0 / b_row1, for one tile, into the ring.
+// Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + 128) and of the two 128-row
+// B boxes at b_row0 / b_row1, for one tile, into the ring.
 __device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
-                                                const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
-  for (int kt = 0; kt < KT; ++kt) {
+                                                const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
+                                                int kt1) {
+  for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, kWsStageBytes);
@@ -142,7 +143,10 @@ __device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, 
 // Consumer warpgroup wg (0 or 1): acc = A rows 64 wg .. 64 wg + 63 of the tile . B^T over KT slices.
 // NOTE: a warpgroup whose 64 rows are all padding still multiplies them: letting it skip its wgmma
 // measured slower on the H200 (Mixtral T=4096 5280-5302 vs 5030-5034 us, Qwen3 T=4096 871-872 vs
-// 826-827 us, interleaved runs of the two builds, docs/PERF.md).
+// 826-827 us, interleaved runs of the two builds, docs/PERF.md). So did splitting the K slices of a
+// tile with <= 64 rows between the two warpgroups (rows 0..63 each, sums added through shared
+// memory): Mixtral T=512 980-993 vs 962 us, T=4096 5401-5427 vs 5197-5198 (2026-11-29): such a
+// tile reads the same 48 KiB per slice for half the MMAs, and L2 -> SM traffic already limits.
 template <class TT>
 __device__ __forceinline__ void ws_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, AccW& acc) {
   const bool leader = (threadIdx.x & 31) == 0;
