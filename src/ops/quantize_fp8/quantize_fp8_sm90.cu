@@ -26,9 +26,10 @@
 // overflow to +-448). e4m3fnuz has no hardware format: its code of q is the e4m3fn code of 2q (same
 // bits, half the value; 2q is exact), then |q| > 232 (which rounds to 240, past e4m3fn's 448 once
 // doubled) becomes the largest code 0x7F | sign and the negative zero 0x80 becomes 0x00. A chunk
-// with any |q| > 2^100 (NaN, inf, or a huge quotient of a static scale) is encoded by dtype.h's
-// scalar encoder instead, the reference's own code, with a NaN input's sign taken from the input
-// (the GPU's division returns a sign-less canonical NaN, the reference's keeps the input's).
+// with any |q| > 2^100 (NaN, inf, or a huge quotient of a static scale) or any f32-subnormal q is
+// encoded by dtype.h's scalar encoder instead, the reference's own code, with a NaN input's sign
+// taken from the input (the GPU's division returns a sign-less canonical NaN, the reference's
+// keeps the input's). So the hardware conversion only ever sees zeros and normal finite floats.
 //
 // Device data is not readable by the front door: a static scale that is not finite and > 0 (the
 // reference's error) makes flat_kernel return without writing anything (out keeps its contents).
@@ -51,7 +52,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCachedChunks = 4;      // CPT of the register-cached group kernel
 constexpr int64_t kMaxGrid = 1 << 20;    // grid-stride beyond this many CTAs
 constexpr int64_t kMaxFlatGrid = 132 * 8;  // per_tensor kernels: 8 CTAs per SM of an H200
-constexpr float kFastLimit = 0x1p100f;   // |q| above this (or NaN) takes the scalar encoder
+constexpr float kFastLimit = 0x1p100f;   // |q| above this (or NaN) takes the scalar encoder,
+constexpr float kMinNormal = 0x1p-126f;  //   and so does an f32 subnormal q (which encodes to +-0)
 
 // ---------------------------------------------------------------- loads
 // Exact scalar decode of element i (the slow path's, and the source of a NaN's sign).
@@ -159,7 +161,8 @@ __device__ __forceinline__ void quantize_chunk(const void* in, uint8_t* out, int
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     q[k] = __fdiv_rn(v[k], s);
-    fast = fast && fabsf(q[k]) <= kFastLimit;
+    const float a = fabsf(q[k]);
+    fast = fast && a <= kFastLimit && (a >= kMinNormal || a == 0.0f);
   }
   if constexpr (V == 1) {
     const float q4[4] = {q[0], 0.0f, 0.0f, 0.0f};
