@@ -21,8 +21,8 @@
 //     scale[0]. Static: flat_kernel alone.
 //
 // Numerics (all equal to the reference): amax over the finite elements; scale =
-// __fdiv_rn(max(amax, kFp8AmaxFloor), fp8_max) and q = __fdiv_rn(x, scale) (IEEE division, whatever
-// the fast-math flags); q -> code with cvt.rn.satfinite.e4m3x2.f32 (round to nearest even, finite
+// __fdiv_rn(max(amax, kFp8AmaxFloor), fp8_max) and q = __fdiv_rn(x, scale) (IEEE division whatever
+// -prec-div says); q -> code with cvt.rn.satfinite.e4m3x2.f32 (round to nearest even, finite
 // overflow to +-448). e4m3fnuz has no hardware format: its code of q is the e4m3fn code of 2q (same
 // bits, half the value; 2q is exact), then |q| > 232 (which rounds to 240, past e4m3fn's 448 once
 // doubled) becomes the largest code 0x7F | sign and the negative zero 0x80 becomes 0x00. A chunk
