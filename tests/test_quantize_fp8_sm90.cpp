@@ -13,8 +13,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -284,6 +287,39 @@ TEST(QuantizeFp8, CudaEncoderMatchesTheScalarEncoderOnEveryFloatClass) {
       }
     }
     EXPECT_EQ(bad, 0) << dtype_name(od) << ": mismatching codes";
+  }
+}
+
+// The PyTorch golden casts (tests/data/dtype_golden.json, the file tests/test_dtype.cpp checks
+// dtype.h with): the 340 inputs quantized on the GPU with a static scale of 1 give PyTorch's
+// clamped-cast codes (NaN inputs: a NaN code, and exactly dtype.h's, i.e. the reference's).
+TEST(QuantizeFp8, CudaMatchesThePyTorchGoldenCasts) {
+  SKIP_WITHOUT_CUDA();
+  const char* env = std::getenv("MOEKIT_TEST_DATA_DIR");
+  const std::string path = std::string(env && *env ? env : MOEKIT_TEST_DATA_DIR) + "/dtype_golden.json";
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << "cannot open " << path;
+  const nlohmann::json golden = nlohmann::json::parse(f);
+  const auto& bits = golden.at("inputs_f32_bits");
+  Buffer in(DType::f32, {int64_t(bits.size())});
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t b = bits[i].get<uint32_t>();
+    std::memcpy(in.bytes.data() + 4 * i, &b, 4);
+  }
+  const Case c{G::per_tensor, {int64_t(bits.size())}, 128, 128, 1.0f};
+  for (DType od : {kFn, kFnuz}) {
+    const auto& want = golden.at(od == kFn ? "e4m3fn_clamped_cast_bits" : "e4m3fnuz_clamped_cast_bits");
+    const Result got = run(kCuda, in, od, c);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const float x = in.get(int64_t(i));
+      const unsigned code = got.out.bytes[i];
+      if (std::isnan(x)) {
+        EXPECT_EQ(code, od == kFn ? f32_to_e4m3fn_bits(x) : f32_to_e4m3fnuz_bits(x)) << dtype_name(od) << " NaN " << i;
+      } else {
+        EXPECT_EQ(code, want[i].get<unsigned>()) << dtype_name(od) << " input " << i << " x = " << x;
+      }
+    }
   }
 }
 
