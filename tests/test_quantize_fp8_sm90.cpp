@@ -2,7 +2,7 @@
 // src/ops/convert_fp8/convert_fp8_sm90.cu): the CUDA quantizer against quantize_fp8_ref, codes and
 // scales bit-exact, on every granularity and each path of the kernel (16-element chunks cached in
 // registers, two-pass groups, 1-element chunks, unaligned pointers, the per_tensor reduction), the
-// encoder on about a million f32 bit patterns, named edge cases (T = 0, T = 1, all-zero rows,
+// encoder on about a million f32 bit patterns and on PyTorch's golden casts, named edge cases (T = 0, T = 1, all-zero rows,
 // saturation, NaN / inf, large T), an invalid static scale, the check hook on every preset, and
 // CUDA-graph capture / replay with changed inputs for both ops (suites QuantizeFp8 and ConvertFp8,
 // Cuda* cases). The ConvertFp8 Cuda* cases that need no graph are in tests/test_convert_fp8.cpp.
