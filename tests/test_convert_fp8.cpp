@@ -338,5 +338,173 @@ TEST(ConvertFp8, CpuMatchesRefOnEveryCodeAcrossTheThreadSplit) {
   }
 }
 
+// ---------------------------------------------------------------- CUDA kernel (convert_fp8_sm90)
+// Codes, scales and the saturation count compared bit-exactly with convert_fp8_ref; skipped without
+// a CUDA device (graph capture: tests/test_quantize_fp8_sm90.cpp).
+constexpr const char* kCudaKernel = "convert_fp8_sm90";
+
+std::string cuda_unavailable() {
+  if (registry().find(kCudaKernel) == nullptr) return "built without CUDA";
+  const Status s = registry().backend_available(Backend::cuda);
+  return s.ok() ? "" : "CUDA backend unavailable: " + s.to_string();
+}
+
+// `in` (and scales, when given) converted by `kernel`; outputs poisoned first.
+Converted convert_on(const char* kernel, const Buffer& in, const Buffer* scale_in, bool count) {
+  std::vector<int64_t> dims(in.view.shape, in.view.shape + in.view.ndim);
+  Converted c{Buffer(other(in.view.dtype), dims), scale_in ? *scale_in : Buffer(DType::f32, {1}), -7, Status()};
+  c.out.fill_bytes(0xAB);
+  c.scale_out.fill_bytes(0xAB);
+  ConvertFp8Params p;
+  p.in = in.view;
+  p.out = c.out.view;
+  if (scale_in != nullptr) {
+    p.scale_in = scale_in->view;
+    p.scale_out = c.scale_out.view;
+  }
+  p.num_saturated = count ? &c.saturated : nullptr;
+  c.status = testing::run_convert_fp8_kernel(p, *registry().find(kernel));
+  return c;
+}
+
+void expect_cuda_matches_ref(const Buffer& in, const Buffer* scale_in, bool count, const std::string& what) {
+  const Converted want = convert_on("convert_fp8_ref", in, scale_in, true);
+  const Converted got = convert_on(kCudaKernel, in, scale_in, count);
+  ASSERT_TRUE(want.status.ok()) << what << ": " << want.status.to_string();
+  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.to_string();
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.out.bytes.size(); ++i) {
+    if (got.out.bytes[i] != want.out.bytes[i] && bad++ < 5) {
+      ADD_FAILURE() << what << ": code[" << i << "] of " << int(in.bytes[i]) << " is " << int(got.out.bytes[i])
+                    << ", want " << int(want.out.bytes[i]);
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+  if (scale_in != nullptr) {
+    EXPECT_EQ(got.scale_out.bytes, want.scale_out.bytes) << what;
+  }
+  EXPECT_EQ(got.saturated, count ? want.saturated : -7) << what;  // untouched when not asked for
+}
+
+TEST(ConvertFp8, CudaKernelIsRegisteredAndRefusesHostTensors) {
+  const Kernel* k = registry().find(kCudaKernel);
+  if (k == nullptr) GTEST_SKIP() << "built without CUDA";
+  EXPECT_EQ(k->backend, Backend::cuda);
+  EXPECT_GE(k->priority, 100);
+  EXPECT_EQ(k->workspace_bytes, nullptr);
+  Buffer in = all_codes(kFn), out(kFnuz, {256});
+  ConvertFp8Params p;
+  p.in = in.view;
+  p.out = out.view;
+  const Status s = k->supports(&p);
+  EXPECT_EQ(s.code(), StatusCode::unsupported);
+  EXPECT_NE(s.message().find("in"), std::string::npos) << s.message();
+  p.in.device = p.out.device = Device::cuda;
+  EXPECT_TRUE(k->supports(&p).ok());
+}
+
+// Every code many times over lengths below / at / above 16 and not multiples of it (the 16-byte
+// chunks and the byte tail), many CTAs, both directions, with and without scales and the count.
+TEST(ConvertFp8, CudaMatchesRefOnEveryCode) {
+  const std::string why = cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  Rng rng(41);
+  for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(256), int64_t(1000), int64_t(3) << 20}) {
+    for (DType d : {kFn, kFnuz}) {
+      Buffer in(d, {n}), scale(DType::f32, {7});
+      for (int64_t i = 0; i < n; ++i) in.bytes[size_t(i)] = uint8_t(i < 256 ? i : int64_t(rng.gen() & 0xFF));
+      for (int i = 0; i < 7; ++i) scale.data<float>()[i] = rng.uniform(1e-3f, 4.0f);
+      const std::string what = std::string(dtype_name(d)) + " n=" + std::to_string(n);
+      expect_cuda_matches_ref(in, &scale, true, what);
+      expect_cuda_matches_ref(in, nullptr, false, what + " no scales, no count");
+    }
+  }
+  // Denormal and extreme scales keep their exact x2 / x0.5.
+  Buffer in = all_codes(kFnuz), scale(DType::f32, {4});
+  scale.data<float>()[0] = 1e-45f;
+  scale.data<float>()[1] = 3e-39f;
+  scale.data<float>()[2] = 3e38f;
+  scale.data<float>()[3] = 1.0f;
+  expect_cuda_matches_ref(in, &scale, true, "extreme scales");
+}
+
+// No codes, only scales: the scales are still converted, the count is 0.
+TEST(ConvertFp8, CudaEmptyInputStillConvertsScales) {
+  const std::string why = cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  Buffer in(kFnuz, {0, 16}), scale(DType::f32, {3});
+  for (int i = 0; i < 3; ++i) scale.data<float>()[i] = float(i + 1);
+  const Converted c = convert_on(kCudaKernel, in, &scale, true);
+  ASSERT_TRUE(c.status.ok()) << c.status.to_string();
+  EXPECT_EQ(c.saturated, 0);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.scale_out.data<float>()[i], 0.5f * float(i + 1));
+}
+
+// In place (out and scale_out the very same device buffers as in and scale_in) and from pointers
+// that are not 16-byte aligned (the byte path).
+TEST(ConvertFp8, CudaInPlaceAndUnaligned) {
+  const std::string why = cuda_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const DeviceOps* ops = registry().device_ops(Backend::cuda);
+  ASSERT_NE(ops, nullptr);
+  Rng rng(43);
+  const int64_t n = 4133;
+  for (DType d : {kFn, kFnuz}) {
+    for (int64_t offset : {int64_t(0), int64_t(5)}) {
+      Buffer in(d, {n}), scale(DType::f32, {9});
+      for (int64_t i = 0; i < n; ++i) in.bytes[size_t(i)] = uint8_t(i < 256 ? i : int64_t(rng.gen() & 0xFF));
+      for (int i = 0; i < 9; ++i) scale.data<float>()[i] = rng.uniform(1e-3f, 4.0f);
+      const Converted want = convert_on("convert_fp8_ref", in, &scale, true);
+      void* codes = nullptr;
+      void* scales = nullptr;
+      ASSERT_TRUE(ops->alloc(size_t(n + offset), &codes).ok());
+      ASSERT_TRUE(ops->alloc(9 * 4, &scales).ok());
+      char* c = static_cast<char*>(codes) + offset;
+      ASSERT_TRUE(ops->copy_to_device(c, in.bytes.data(), size_t(n)).ok());
+      ASSERT_TRUE(ops->copy_to_device(scales, scale.bytes.data(), 9 * 4).ok());
+      ConvertFp8Params p;
+      p.in = TensorView::contiguous(c, d, {n}, Device::cuda);
+      p.out = TensorView::contiguous(c, other(d), {n}, Device::cuda);
+      p.scale_in = TensorView::contiguous(scales, DType::f32, {9}, Device::cuda);
+      p.scale_out = p.scale_in;
+      int64_t sat = -1;
+      p.num_saturated = &sat;
+      RunOptions o;
+      o.kernel = kCudaKernel;
+      const Status s = convert_fp8(p, o);
+      std::vector<uint8_t> got(static_cast<size_t>(n));
+      std::vector<unsigned char> got_s(9 * 4);
+      ASSERT_TRUE(ops->copy_to_host(got.data(), c, size_t(n)).ok());
+      ASSERT_TRUE(ops->copy_to_host(got_s.data(), scales, 9 * 4).ok());
+      ops->free(codes);
+      ops->free(scales);
+      const std::string what = std::string(dtype_name(d)) + " in place, offset " + std::to_string(offset);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+      EXPECT_EQ(std::vector<unsigned char>(got.begin(), got.end()), want.out.bytes) << what;
+      EXPECT_EQ(got_s, want.scale_out.bytes) << what;
+      EXPECT_EQ(sat, want.saturated) << what;
+    }
+  }
+}
+
+// Without a device every CUDA case is reported skipped (ok), never failed; with one, none is skipped.
+TEST(ConvertFp8, CudaCheckHookOnEveryPreset) {
+  if (registry().find(kCudaKernel) == nullptr) GTEST_SKIP() << "built without CUDA";
+  const bool available = cuda_unavailable().empty();
+  for (const char* model : {"deepseek-v3", "mixtral", "llama4", "qwen3-moe"}) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    req.edge_cases = std::string(model) == "deepseek-v3";
+    const auto results = testing::check_convert_fp8(req);
+    ASSERT_FALSE(results.empty());
+    for (const testing::CaseResult& r : results) {
+      EXPECT_TRUE(r.ok) << model << " " << r.kernel << " [" << r.name << "] vs " << r.reference << ": " << r.detail;
+      EXPECT_EQ(r.detail.rfind("skipped", 0) == 0, !available) << r.name << ": " << r.detail;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moekit

@@ -20,6 +20,8 @@ void register_cuda_kernels(Registry& r) {
   register_grouped_topk_sm90(r);
   register_sigmoid_topk_sm90(r);
   register_sort_tokens_sm90(r);
+  register_quantize_fp8_sm90(r);
+  register_convert_fp8_sm90(r);
   register_fused_moe_sm90_small_m(r);
   register_fused_moe_sm90_grouped(r);
   register_fused_moe_sm90_bf16(r);

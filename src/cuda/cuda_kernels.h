@@ -13,6 +13,8 @@ void register_topk_softmax_sm90(Registry& r);
 void register_grouped_topk_sm90(Registry& r);
 void register_sigmoid_topk_sm90(Registry& r);
 void register_sort_tokens_sm90(Registry& r);
+void register_quantize_fp8_sm90(Registry& r);
+void register_convert_fp8_sm90(Registry& r);
 
 void register_fused_moe_sm90_small_m(Registry& r);
 void register_fused_moe_sm90_grouped(Registry& r);

@@ -90,6 +90,15 @@ void expect_rejection(CaseResult* r, const Status& s) {
   r->detail = s.ok() ? std::string("expected invalid_argument, got ok") : "rejected as expected: " + s.to_string();
 }
 
+// A device kernel whose backend is unavailable here (no CUDA device): reported ok, as skipped.
+bool skip_unavailable(const Kernel& k, CaseResult* r) {
+  const Status avail = registry().backend_available(k.backend);
+  if (avail.ok()) return false;
+  r->ok = true;
+  r->detail = "skipped: backend " + std::string(backend_name(k.backend)) + " unavailable: " + avail.message();
+  return true;
+}
+
 void fill_random_bytes(Buffer& b, Rng& rng) {
   for (unsigned char& c : b.bytes) c = static_cast<unsigned char>(rng.gen() & 0xFFu);
 }
@@ -284,6 +293,20 @@ std::vector<QuantCase> quant_cases(const CheckRequest& req, Status* setup) {
         {"edge:block 16x32 fnuz [3, 40, 70]", f32, {3, 40, 70}, G::block, 32, 16, fnuz},
         {"edge:block 1x1 [5, 3]", f16, {5, 3}, G::block, 1, 1},
         {"edge:block zeros [256, 128]", bf, {256, 128}, G::block, 128, 128, fn, Fill::zeros},
+        // Shapes that take each path of the CUDA kernel (quantize_fp8_sm90.cu): 16-element chunks
+        // cached in registers (one / four per thread), two-pass groups of > 1024 chunks, 1-element
+        // chunks (rows not a multiple of 16), per_tensor with a scalar tail, saturating static scale.
+        {"edge:per_row 4 chunks/thread [3, 7168]", bf, {3, 7168}, G::per_row},
+        {"edge:per_row two-pass f32 [2, 20480]", f32, {2, 20480}, G::per_row},
+        {"edge:per_row unaligned rows fnuz [5, 7000]", f16, {5, 7000}, G::per_row, 128, 128, fnuz},
+        {"edge:per_token_group 1x128 NaN/inf fnuz [9, 1024]", bf, {9, 1024}, G::per_token_group, 128, 128, fnuz,
+         Fill::specials},
+        {"edge:block 128x128 f32 ragged rows [2, 130, 384]", f32, {2, 130, 384}, G::block},
+        {"edge:block 256x256 two-pass [300, 512]", bf, {300, 512}, G::block, 256, 256},
+        {"edge:per_tensor tail f16 [7, 333]", f16, {7, 333}, G::per_tensor},
+        {"edge:per_tensor NaN/inf [64, 1000]", f32, {64, 1000}, G::per_tensor, 128, 128, fn, Fill::specials},
+        {"edge:per_tensor static saturating 1e-6 [16, 256]", bf, {16, 256}, G::per_tensor, 128, 128, fnuz,
+         Fill::normal, 1e-6f},
     };
   }
   MoeShape shape;
@@ -305,6 +328,33 @@ std::vector<QuantCase> quant_cases(const CheckRequest& req, Status* setup) {
 }
 
 }  // namespace
+
+Status run_quantize_fp8_kernel(const QuantizeFp8Params& host, const Kernel& kernel, void* stream) {
+  DeviceMirror m(kernel.backend);
+  QuantizeFp8Params p = host;
+  MOEKIT_RETURN_IF_ERROR(m.input(&p.in));
+  MOEKIT_RETURN_IF_ERROR(m.output(&p.out));
+  MOEKIT_RETURN_IF_ERROR(m.output(&p.scale));  // an input with static_scale: copied back unchanged
+  RunOptions o;
+  o.kernel = kernel.name;
+  o.stream = stream;
+  MOEKIT_RETURN_IF_ERROR(quantize_fp8(p, o));
+  return m.copy_back();
+}
+
+Status run_convert_fp8_kernel(const ConvertFp8Params& host, const Kernel& kernel, void* stream) {
+  DeviceMirror m(kernel.backend);
+  ConvertFp8Params p = host;
+  MOEKIT_RETURN_IF_ERROR(m.input(&p.in));
+  MOEKIT_RETURN_IF_ERROR(m.output(&p.out));
+  MOEKIT_RETURN_IF_ERROR(m.input(&p.scale_in));
+  MOEKIT_RETURN_IF_ERROR(m.output(&p.scale_out));
+  RunOptions o;
+  o.kernel = kernel.name;
+  o.stream = stream;
+  MOEKIT_RETURN_IF_ERROR(convert_fp8(p, o));
+  return m.copy_back();
+}
 
 std::vector<CaseResult> check_shuffle_weight(const CheckRequest& req) { return check_shuffle_impl(req, false); }
 std::vector<CaseResult> check_unshuffle_weight(const CheckRequest& req) { return check_shuffle_impl(req, true); }
@@ -333,12 +383,14 @@ std::vector<CaseResult> check_quantize_fp8(const CheckRequest& req) {
     };
     for (const Kernel* k : kernels_to_check(OpKind::quantize_fp8, req)) {
       CaseResult r = new_result(OpKind::quantize_fp8, *k, c.name);
+      if (skip_unavailable(*k, &r)) {
+        results.push_back(r);
+        continue;
+      }
       out.fill_bytes(0xAB);
       if (c.static_scale <= 0.0f) scale.fill_bytes(0xAB);
-      RunOptions o;
-      o.kernel = k->name;
       const QuantizeFp8Params p = params(out, scale);
-      const Status s = quantize_fp8(p, o);
+      const Status s = run_quantize_fp8_kernel(p, *k);
       // Expected codes and scale bits; an empty input writes no scale.
       const int64_t n_scales = c.dims.front() == 0 ? 0 : scale.numel();
       std::vector<int64_t> want_codes, want_scales;
@@ -388,6 +440,8 @@ std::vector<CaseResult> check_convert_fp8(const CheckRequest& req) {
         {"edge:fnuz->fn no scales [2, 2, 64]", fnuz, {2, 2, 64}, {}, false},
         {"edge:fnuz->fn empty [0, 16] with scales", fnuz, {0, 16}, {4}, false},
         {"edge:fn->fnuz per-row scales [16, 8]", fn, {16, 8}, {16, 1}, false},
+        {"edge:fnuz->fn 16-byte chunks + tail [37, 1001]", fnuz, {37, 1001}, {37}, false},
+        {"edge:fn->fnuz every code x 4099 [4099, 256]", fn, {4099, 256}, {}, true},
     };
   }
   MoeShape shape;
@@ -424,13 +478,15 @@ std::vector<CaseResult> check_convert_fp8(const CheckRequest& req) {
     };
     for (const Kernel* k : kernels_to_check(OpKind::convert_fp8, req)) {
       CaseResult r = new_result(OpKind::convert_fp8, *k, c.name);
+      if (skip_unavailable(*k, &r)) {
+        results.push_back(r);
+        continue;
+      }
       out.fill_bytes(0xAB);
       sout.fill_bytes(0xAB);
       int64_t sat = -1;
-      RunOptions o;
-      o.kernel = k->name;
       const ConvertFp8Params p = params(out, sout, &sat);
-      const Status s = convert_fp8(p, o);
+      const Status s = run_convert_fp8_kernel(p, *k);
       const int64_t n_scales = c.scale_dims.empty() ? 0 : sin.numel();
       std::vector<int64_t> want_codes, want_scales;
       int64_t want_sat = 0;

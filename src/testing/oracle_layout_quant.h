@@ -15,6 +15,7 @@
 
 #include "moekit/ops/layout.h"
 #include "moekit/ops/quant.h"
+#include "moekit/registry.h"
 
 namespace moekit::testing {
 
@@ -52,5 +53,12 @@ struct ConvertOracleResult {
   int64_t saturated = 0;
 };
 ConvertOracleResult oracle_convert_fp8(const ConvertFp8Params& p);
+
+// Runs the op on `kernel` (RunOptions::kernel) with host params p: a device kernel gets mirrored
+// copies (DeviceMirror: inputs copied, outputs copied with their current host bytes and copied back
+// into p's host buffers after the call); a host kernel runs on p directly. `stream` goes to
+// RunOptions::stream. Defined in check_layout_quant.cpp; used by the Cuda* tests.
+Status run_quantize_fp8_kernel(const QuantizeFp8Params& p, const Kernel& kernel, void* stream = nullptr);
+Status run_convert_fp8_kernel(const ConvertFp8Params& p, const Kernel& kernel, void* stream = nullptr);
 
 }  // namespace moekit::testing
