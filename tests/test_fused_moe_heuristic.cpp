@@ -35,6 +35,22 @@ TEST(FusedMoeHeuristic, AnchorShapes) {
   EXPECT_EQ(pick(512, 8, 128), MoeStrategy::grouped_gemm);
 }
 
+MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy_fp8(T, k, E).strategy; }
+
+TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
+  // T = 1: 2 (Mixtral) or 8 touched experts, one row each -> small_m (measured faster).
+  EXPECT_EQ(pick_fp8(1, 2, 8), MoeStrategy::small_m);
+  EXPECT_EQ(pick_fp8(1, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick_fp8(1, 8, 128), MoeStrategy::small_m);
+  EXPECT_EQ(pick_fp8(4, 2, 8), MoeStrategy::small_m);  // 8 touched, 1 row each
+  // T = 8: 64 touched experts with one row each, or 2 rows each -> grouped (measured faster).
+  EXPECT_EQ(pick_fp8(8, 8, 256), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(8, 8, 128), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(8, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(2, 8, 256), MoeStrategy::grouped_gemm);  // 16 touched
+  EXPECT_EQ(pick_fp8(4096, 8, 256), MoeStrategy::grouped_gemm);
+}
+
 TEST(FusedMoeHeuristic, NamesAndReasons) {
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::small_m), "small_m");
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::grouped_gemm), "grouped_gemm");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_moe_fp8_test_util.h"
 #include "fused_moe_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
@@ -25,69 +26,21 @@ using moe_test::small_shape;
 constexpr const char* kRow = "fused_moe_sm90_small_m_fp8_row";
 constexpr const char* kTkw1 = "fused_moe_sm90_small_m_fp8_row_tkw1";
 
-std::string unavailable() {
-  if (registry().find(kRow) == nullptr) return "fused_moe_sm90_small_m_fp8_row is not compiled in (MOEKIT_CUDA off)";
-  const Status st = registry().backend_available(Backend::cuda);
-  return st.ok() ? "" : "CUDA backend unavailable: " + st.to_string();
-}
-#define SKIP_WITHOUT_KERNEL()                      \
-  do {                                             \
-    const std::string why = unavailable();         \
-    if (!why.empty()) GTEST_SKIP() << why;         \
+#define SKIP_WITHOUT_KERNEL()                                          \
+  do {                                                                 \
+    const std::string why = moe_test::cuda_kernel_unavailable(kRow);   \
+    if (!why.empty()) GTEST_SKIP() << why;                             \
   } while (0)
 
-// The CUDA kernel on device copies of prob's tensors against the fp8 ref kernel on the host.
-void expect_matches_ref(MoeProblem& prob) {
-  FusedMoeParams p = prob.params();
-  const bool tkw1 = p.weight_on_input;
-  RunOptions ro;
-  ro.kernel = tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
-  prob.out.fill_bytes(0xFF);
-  const Status rs = fused_moe(p, ro);
-  ASSERT_TRUE(rs.ok()) << rs.to_string();
-  const std::vector<double> expected = read_out(p.out);
-  prob.out.fill_bytes(0xFF);
-  {
-    DeviceMirror dev(Backend::cuda);
-    for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.expert_mask, &p.expert_map,
-                          &p.w1_scale, &p.w2_scale, &p.a1_scale}) {
-      ASSERT_TRUE(dev.input(t).ok());
-    }
-    ASSERT_TRUE(dev.output(&p.out).ok());
-    RunOptions opts;
-    opts.kernel = tkw1 ? kTkw1 : kRow;
-    size_t ws = 0;
-    ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
-    ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
-    opts.workspace_bytes = ws;
-    const Status st = fused_moe(p, opts);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    ASSERT_TRUE(dev.copy_back().ok());
-  }
-  const std::vector<double> actual = read_out(prob.params().out);
-  for (double v : actual) ASSERT_TRUE(std::isfinite(v));
-  Metrics m;
-  std::string detail;
-  const MoeVariant v = tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
-  EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H,
-                        moe_tolerance(v, prob.x_dtype, MoeCompare::kernel_vs_ref), &m, &detail))
-      << detail << " | worst " << m.worst;
-}
+void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
 
-// Every case ok and the fp8 CUDA kernel really ran (except the refusals named below).
+// Every case ok and the fp8 CUDA kernel really ran. Refused by design: shuffled and CPU-packed
+// (cpu_vnni2_n32) weights, and H or I not multiples of 16 (the "H=200 I=72" case).
 void expect_ran(const std::vector<CaseResult>& results) {
-  expect_all_ok(results);
-  int ran = 0;
-  for (const CaseResult& r : results) {
-    if (r.kernel != kRow && r.kernel != kTkw1) continue;
-    // Refused by design: shuffled and CPU-packed (cpu_vnni2_n32) weights, and H or I not multiples
-    // of 16 (the "H=200 I=72" case).
-    const bool may_skip = r.name.find("shuffled") != std::string::npos || r.name.find("(packed)") != std::string::npos ||
-                          r.name.find("H=200") != std::string::npos;
-    EXPECT_TRUE(r.detail.rfind("skipped", 0) != 0 || may_skip) << r.name << " | " << r.detail;
-    ran += r.detail.rfind("skipped", 0) == 0 ? 0 : 1;
-  }
-  EXPECT_GT(ran, 0);
+  moe_test::expect_fp8_kernels_ran(results, kRow, kTkw1, [](const std::string& name, const std::string&) {
+    return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
+           name.find("H=200") != std::string::npos;
+  });
 }
 
 TEST(FusedMoeSm90SmallMFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {

@@ -25,6 +25,8 @@ void register_cuda_kernels(Registry& r) {
   register_fused_moe_sm90_small_m(r);
   register_fused_moe_sm90_grouped(r);
   register_fused_moe_sm90_bf16(r);
+  register_fused_moe_sm90_grouped_fp8(r);
+  register_fused_moe_sm90_fp8(r);
 }
 
 }  // namespace moekit::cuda

@@ -1,5 +1,5 @@
 // Host side of the Hopper bulk tensor copy (TMA): encoding a 2-D tensor map for a K-contiguous bf16 /
-// f16 matrix, boxes of 64 (K) x box_rows rows with the 128-byte swizzle that the wgmma descriptors of
+// f16 / fp8 matrix, boxes of 128 bytes (K) x box_rows rows with the 128-byte swizzle that the wgmma descriptors of
 // ops/fused_moe/fused_moe_sm90_grouped_desc.h expect (8-row atoms of 1024 bytes).
 // cuTensorMapEncodeTiled is a driver API entry point; it is looked up once through the runtime
 // (cudaGetDriverEntryPointByVersion) so the library links no libcuda and the static runtime stays
@@ -32,18 +32,19 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Tensor map of a row-major [rows, cols] matrix of 2-byte elements (bf16 = true: bf16, else f16)
-// with row stride ld elements; boxes of 64 columns x box_rows rows, 128-byte swizzle. Reads past
-// the matrix (rows >= rows) land as zeros. Requires: base 16-byte aligned, ld % 8 == 0.
-inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, bool bf16, uint64_t rows, uint64_t cols,
-                                   uint64_t ld, uint32_t box_rows, const char* what) {
+// Tensor map of a row-major [rows, cols] matrix of `type` (elem_bytes each: 2 for bf16 / f16, 1 for
+// fp8 codes as UINT8) with row stride ld elements; boxes of 128 bytes of columns x box_rows rows,
+// 128-byte swizzle. Reads past the matrix (rows >= rows) land as zeros. Requires: base 16-byte
+// aligned, ld * elem_bytes % 16 == 0.
+inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, CUtensorMapDataType type, uint32_t elem_bytes,
+                                   uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows, const char* what) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (enc == nullptr) return BackendError(what, ": the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint64_t strides[1] = {ld * elem_bytes};
+  const cuuint32_t box[2] = {128 / elem_bytes, box_rows};  // 128 bytes of K: one swizzle row
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+  const CUresult r = enc(map, type, 2,
                          const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -52,6 +53,13 @@ inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, bool bf16
                         "] ld ", ld);
   }
   return Status::Ok();
+}
+
+// 16-bit elements (bf16 or f16).
+inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, bool bf16, uint64_t rows, uint64_t cols,
+                                   uint64_t ld, uint32_t box_rows, const char* what) {
+  return encode_tensor_map_2d(map, base, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                              rows, cols, ld, box_rows, what);
 }
 
 }  // namespace moekit::cuda

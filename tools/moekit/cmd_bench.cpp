@@ -382,6 +382,7 @@ int run_bench(const BenchArgs& a) {
           br.row_major_weights = a.row_major_weights;
           for (const Kernel* k : kernels) {
             if (h->bench_applies != nullptr && !h->bench_applies(br, *k)) continue;
+            if (!a.kernels.empty() && ("," + a.kernels + ",").find(std::string(",") + k->name + ",") == std::string::npos) continue;
             Row r;
             r.op = op_name(op);
             r.kernel = k->name;

@@ -61,6 +61,7 @@ struct BenchArgs {
   std::string ep;               // --ep N: the expert-parallel step over N GPUs (cmd_bench_ep.cpp)
   bool fp8_dispatch = false;    // --fp8-dispatch (with --ep): x rows travel as fp8 + row scales
   bool row_major_weights = false;  // --row-major-weights: time CPU kernels on unpacked weights
+  std::string kernels;             // --kernel: only these kernels (comma separated names); empty = all
   bool json = false;
 };
 

@@ -45,4 +45,24 @@ inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
   return {MoeStrategy::grouped_gemm, rows, "> 1.5 rows per touched expert: tensor-core grouped GEMM"};
 }
 
+// The same choice for the fp8 W8A8 variants (fp8_row, fp8_row_tkw1): small_m only while at most
+// kSmallMFp8MaxTouched experts are touched with <= 1.5 rows each, else the QGMMA grouped GEMM.
+// NOTE: measured on the H200 (docs/PERF.md, 2026-11-29, full-size presets, fp8 per-row, CUDA-graph
+// replay, L2 flushed): at T = 1 (2 or 8 touched experts) small_m wins (Mixtral 165 vs 172 us,
+// DeepSeek-V3 163 vs 195, Qwen3 38 vs 60); at T = 8 the grouped kernel wins even with one row per
+// expert (DeepSeek-V3, 64 touched: 916 vs 1302 us; Qwen3, 64 touched: 163 vs 197; Mixtral, 2 rows:
+// 522 vs 1218): small_m's fp8 dots decode every weight on CUDA cores, which costs more than the
+// grouped kernel's fixed launches once more than a few experts are streamed.
+constexpr int64_t kSmallMFp8MaxTouched = 8;
+
+inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E) {
+  const int64_t entries = T * k;
+  const int64_t touched = entries < E ? entries : E;
+  const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
+  if (rows <= kSmallMMaxRowsPerExpert && touched <= kSmallMFp8MaxTouched) {
+    return {MoeStrategy::small_m, rows, "fp8: <= 8 touched experts with <= 1.5 rows each: small_m"};
+  }
+  return {MoeStrategy::grouped_gemm, rows, "fp8: more touched experts or rows: QGMMA grouped GEMM"};
+}
+
 }  // namespace moekit

@@ -21,6 +21,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
@@ -30,11 +31,6 @@ namespace moekit::cuda {
 namespace grouped {
 namespace {
 
-constexpr int kRouteThreads = 1024;  // one block; also the largest E (one expert per thread in scans)
-static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_1024");
-constexpr int kMaxE = kRouteThreads;
-constexpr int kMaxK = 32;
-constexpr int kReduceThreads = 256;
 constexpr size_t kAlign = 256;
 
 // ---------------------------------------------------------------- workspace layout
@@ -84,19 +80,6 @@ WsLayout layout_of(const FusedMoeParams& p) {
   return l;
 }
 
-// ---------------------------------------------------------------- activations (f32, as the reference)
-template <Activation A>
-__device__ __forceinline__ float act(float z) {
-  if constexpr (A == Activation::silu) {
-    return z / (1.0f + expf(-z));
-  } else if constexpr (A == Activation::gelu) {
-    return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
-  } else {
-    const float c = 0.79788456080286536f;  // sqrt(2 / pi)
-    return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
-  }
-}
-
 template <class TT>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <>
@@ -109,8 +92,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }
 
 // ---------------------------------------------------------------- mainloop choice per M tile
 // The wgmma mainloop (fused_moe_sm90_grouped_wgmma.cuh) serves BM = 128 when
@@ -190,104 +171,6 @@ __device__ __forceinline__ void store_gemm2(const float (&v)[MT][NT][4], int wro
       }
     }
   }
-}
-
-// ---------------------------------------------------------------- 1. routing
-struct RouteArgs {
-  const int32_t* ids;       // [T*k]
-  const int32_t* mask;      // [Eg] or nullptr
-  const int32_t* map;       // [Eg] or nullptr
-  int32_t* local;           // [Eg] out: local expert of each global id, -1 = remote
-  int32_t* offsets;         // [E + 1] out: first row of each expert (rows not padded)
-  int32_t* row_entry;       // [Tk] out: entry t*k + j of each row, rows grouped by expert
-  int32_t* slot_row;        // [Tk] out: row of entry t*k + j, -1 = not computed here
-  int32_t* tile_expert;     // [tiles_max] out: expert of each M tile, -1 = unused tile
-  int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
-  int32_t* num_tiles;       // [1] out: M tiles in use (a prefix of the list)
-  int tk, E, Eg, tiles_max;
-  int bm;                   // M tile rows (64 or 128)
-};
-
-__device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
-  if (id < 0 || id >= a.Eg) return -1;  // -1 (unused slot) or a bad id: skipped, never indexed
-  const int e = a.local[id];
-  return (e >= 0 && e < a.E) ? e : -1;
-}
-
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
-  __shared__ int s_cnt[kMaxE];
-  __shared__ int s_cursor[kMaxE];
-  __shared__ int s_off[kMaxE + 1];
-  __shared__ int s_toff[kMaxE + 1];
-  const int tid = threadIdx.x;
-
-  // Global -> local table. Mask: local id = number of set entries before g (a set entry beyond E is
-  // treated as remote); map: entries outside [-1, E) are remote; neither: identity.
-  if (a.mask != nullptr) {
-    const int chunk = (a.Eg + kRouteThreads - 1) / kRouteThreads;
-    const int beg = min(a.Eg, tid * chunk), end = min(a.Eg, beg + chunk);
-    int ones = 0;
-    for (int g = beg; g < end; ++g) ones += a.mask[g] != 0;
-    int next = block_exclusive_sum_1024(ones);
-    for (int g = beg; g < end; ++g) {
-      if (a.mask[g] != 0) {
-        a.local[g] = next < a.E ? next : -1;
-        ++next;
-      } else {
-        a.local[g] = -1;
-      }
-    }
-  } else {
-    for (int g = tid; g < a.Eg; g += kRouteThreads) {
-      const int v = a.map != nullptr ? a.map[g] : g;
-      a.local[g] = (v >= 0 && v < a.E) ? v : -1;
-    }
-  }
-  for (int e = tid; e < kMaxE; e += kRouteThreads) {
-    s_cnt[e] = 0;
-    s_cursor[e] = 0;
-  }
-  __syncthreads();  // also publishes a.local (global writes) to the block
-
-  for (int i = tid; i < a.tk; i += kRouteThreads) {
-    const int e = lookup_local(a, a.ids[i]);
-    if (e >= 0) atomicAdd(&s_cnt[e], 1);
-  }
-  __syncthreads();
-
-  const int cnt = tid < a.E ? s_cnt[tid] : 0;
-  const int tiles = (cnt + a.bm - 1) / a.bm;
-  const int off = block_exclusive_sum_1024(cnt);
-  const int toff = block_exclusive_sum_1024(tiles);
-  if (tid < a.E) {
-    s_off[tid] = off;
-    s_toff[tid] = toff;
-    if (tid == a.E - 1) {
-      s_off[a.E] = off + cnt;
-      s_toff[a.E] = toff + tiles;
-    }
-  }
-  __syncthreads();
-  for (int e = tid; e <= a.E; e += kRouteThreads) a.offsets[e] = s_off[e];
-
-  // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
-  for (int i = tid; i < a.tk; i += kRouteThreads) {
-    const int e = lookup_local(a, a.ids[i]);
-    int row = -1;
-    if (e >= 0) {
-      row = s_off[e] + atomicAdd(&s_cursor[e], 1);
-      a.row_entry[row] = i;
-    }
-    a.slot_row[i] = row;
-  }
-  for (int e = tid; e < a.E; e += kRouteThreads) {
-    for (int t = s_toff[e]; t < s_toff[e + 1]; ++t) {
-      a.tile_expert[t] = e;
-      a.tile_row0[t] = s_off[e] + (t - s_toff[e]) * a.bm;
-    }
-  }
-  for (int t = s_toff[a.E] + tid; t < a.tiles_max; t += kRouteThreads) a.tile_expert[t] = -1;
-  if (tid == 0) *a.num_tiles = s_toff[a.E];
 }
 
 // ---------------------------------------------------------------- 2. gemm1 + activation
@@ -449,18 +332,6 @@ __global__ void __launch_bounds__(128) gather_kernel(const TT* x, int64_t ld, co
   for (int c = threadIdx.x; c < H / 8; c += 128) dst[c] = src[c];
 }
 
-// Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched.
-__device__ __forceinline__ WsSmem ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
-  const WsSmem sm{smem_addr(align_smem_1024(smem_raw))};
-  if (threadIdx.x == 0) ws_init_barriers(sm);
-  if (threadIdx.x == 32 * kWsConsumerWarps) {
-    tma_prefetch_desc(ma);
-    tma_prefetch_desc(mb);
-  }
-  __syncthreads();
-  return sm;
-}
-
 // gemm1 over the work list (M tiles x N tiles of 128 gate + 128 up columns, or 256 for g1u0):
 // ma = xs [Tk, H], mb = w1 as [E * N1, H]; epilogue as gemm1_kernel, w from row_entry.
 template <class TT, bool G1U1, Activation A>
@@ -470,32 +341,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = p.H / kBK;
-  const int n1 = G1U1 ? 2 * p.I : p.I;
-  WsRing ring;
-  if (warp == kWsConsumerWarps) {  // producer
-    if (threadIdx.x % 32 != 0) return;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int m, n;
-      ws_tile(t, num_m, n_tiles, m, n);
-      const int e = p.tile_expert[m], i0 = n * (G1U1 ? kBN / 2 : kBN);
-      const int b0 = e * n1 + i0, b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
-      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b1, 0, KT);
-    }
-    return;
-  }
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    int m, n;
-    ws_tile(t, num_m, n_tiles, m, n);
-    const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * (G1U1 ? kBN / 2 : kBN);
-    const int nrows = p.offsets[e + 1] - row0;
-    AccW acc;
-    ws_consume_tile<TT>(sm, ring, warp >> 2, KT, acc);
-    const int* entry = p.row_entry + row0;
-    store_gemm1<TT, G1U1, A, 1, kWgNT, true>(
-        acc.v, warp * 16, nrows, p.I - i0, static_cast<TT*>(p.a) + int64_t(row0) * p.I + i0, p.I,
-        [&](int rl) { return p.weight_on_input ? p.weights[entry[rl]] : 1.0f; });
-  }
+  const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
+  ws_run<TT>(
+      sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kBK, kBK,
+      [&](const WsItem& it, int& row0, int& b0, int& b1) {
+        const int e = p.tile_expert[it.m], i0 = it.n * nb;
+        row0 = p.tile_row0[it.m];
+        b0 = e * n1 + i0;
+        b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
+      },
+      [&](const WsItem& it, const AccW& acc) {
+        const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], i0 = it.n * nb;
+        const int* entry = p.row_entry + row0;
+        store_gemm1<TT, G1U1, A, 1, kWgNT, true>(
+            acc.v, warp * 16, p.offsets[e + 1] - row0, p.I - i0, static_cast<TT*>(p.a) + int64_t(row0) * p.I + i0,
+            p.I, [&](int rl) { return p.weight_on_input ? p.weights[entry[rl]] : 1.0f; });
+      });
 }
 
 // gemm2 over the work list (M tiles x H / 256 x p.splits K ranges; the K ranges of one tile are
@@ -507,81 +368,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
-  const int num_m = *p.num_tiles, S = p.splits, total = num_m * n_tiles * S, KT = p.I / kBK;
-  WsRing ring;
-  if (warp == kWsConsumerWarps) {  // producer
-    if (threadIdx.x % 32 != 0) return;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int m, n;
-      ws_tile(t / S, num_m, n_tiles, m, n);
-      const int ks = t % S, b0 = p.tile_expert[m] * p.H + n * kBN;
-      ws_produce_tile(sm, ring, &ma, &mb, p.tile_row0[m], b0, b0 + kBN / 2, ks * KT / S, (ks + 1) * KT / S);
-    }
-    return;
-  }
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    int m, n;
-    ws_tile(t / S, num_m, n_tiles, m, n);
-    const int ks = t % S, kts = (ks + 1) * KT / S - ks * KT / S;
-    const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBN;
-    const int nrows = p.offsets[e + 1] - row0;
-    AccW acc;
-    ws_consume_tile<TT>(sm, ring, warp >> 2, kts, acc);
-    store_gemm2<1, kWgNT, true>(acc.v, warp * 16, nrows, p.H - h0,
-                                p.y + ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
-  }
-}
-
-// ---------------------------------------------------------------- 4. reduction over k
-struct ReduceArgs {
-  const float* y;           // [splits, Tk, H]: K-range partials at y + ks * y_split
-  int64_t y_split;
-  const int32_t* slot_row;  // [Tk]
-  const float* weights;     // [Tk]
-  void* out;                // [T, H] row stride os
-  int64_t os;
-  int H, k;
-  int splits;               // 1 or 2
-  bool weight_on_input;
-};
-
-// One block per token: out[t, c] = round(sum_j w_tj * y[row(t, j), c]), j ascending; a token with
-// no computed slot gets a zero row.
-template <class TT>
-__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
-  __shared__ int s_row[kMaxK];
-  __shared__ float s_w[kMaxK];
-  const int64_t t = blockIdx.x;
-  if (threadIdx.x < p.k) {
-    s_row[threadIdx.x] = p.slot_row[t * p.k + threadIdx.x];
-    s_w[threadIdx.x] = p.weight_on_input ? 1.0f : p.weights[t * p.k + threadIdx.x];
-  }
-  __syncthreads();
-  TT* out = static_cast<TT*>(p.out) + t * p.os;
-  for (int c = threadIdx.x * 4; c < p.H; c += kReduceThreads * 4) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j = 0; j < p.k; ++j) {
-      const int r = s_row[j];
-      if (r < 0) continue;
-      const float w = s_w[j];
-      float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
-      if (p.splits == 2) {  // range 0 + range 1, in that order
-        const float4 v1 = *reinterpret_cast<const float4*>(p.y + p.y_split + int64_t(r) * p.H + c);
-        v.x += v1.x;
-        v.y += v1.y;
-        v.z += v1.z;
-        v.w += v1.w;
-      }
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
-    }
-    store_out(out + c, acc.x);
-    store_out(out + c + 1, acc.y);
-    store_out(out + c + 2, acc.z);
-    store_out(out + c + 3, acc.w);
-  }
+  ws_run<TT>(
+      sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,
+      [&](const WsItem& it, int& row0, int& b0, int& b1) {
+        row0 = p.tile_row0[it.m];
+        b0 = p.tile_expert[it.m] * p.H + it.n * kBN;
+        b1 = b0 + kBN / 2;
+      },
+      [&](const WsItem& it, const AccW& acc) {
+        const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
+        store_gemm2<1, kWgNT, true>(acc.v, warp * 16, p.offsets[e + 1] - row0, p.H - h0,
+                                    p.y + it.ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
+      });
 }
 
 // ---------------------------------------------------------------- host side

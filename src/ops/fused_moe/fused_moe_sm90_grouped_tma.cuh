@@ -112,6 +112,18 @@ __device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
   mbar_init_fence();
 }
 
+// Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched.
+__device__ __forceinline__ WsSmem ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
+  const WsSmem sm{smem_addr(align_smem_1024(smem_raw))};
+  if (threadIdx.x == 0) ws_init_barriers(sm);
+  if (threadIdx.x == 32 * kWsConsumerWarps) {
+    tma_prefetch_desc(ma);
+    tma_prefetch_desc(mb);
+  }
+  __syncthreads();
+  return sm;
+}
+
 // Position in the stage ring (stage index and the parity of its current phase).
 struct WsRing {
   int s = 0;
@@ -125,17 +137,18 @@ struct WsRing {
 };
 
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + 128) and of the two 128-row
-// B boxes at b_row0 / b_row1, for one tile, into the ring.
+// B boxes at b_row0 / b_row1, for one tile, into the ring. A slice is 128 bytes of K: `slice`
+// elements (64 for bf16 / f16, 128 for fp8).
 __device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
-                                                int kt1) {
+                                                int kt1, int slice = kBK) {
   for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, kWsStageBytes);
-    tma_load_2d(sm.a(ring.s), ma, kt * kBK, row0, full);
-    tma_load_2d(sm.b(ring.s), mb, kt * kBK, b_row0, full);
-    tma_load_2d(sm.b(ring.s) + kWsBHalfBytes, mb, kt * kBK, b_row1, full);
+    tma_load_2d(sm.a(ring.s), ma, kt * slice, row0, full);
+    tma_load_2d(sm.b(ring.s), mb, kt * slice, b_row0, full);
+    tma_load_2d(sm.b(ring.s) + kWsBHalfBytes, mb, kt * slice, b_row1, full);
     ring.next();
   }
 }
@@ -177,6 +190,49 @@ __device__ __forceinline__ void ws_consume_tile(const WsSmem& sm, WsRing& ring, 
   wgmma_wait<0>();
   fence_acc(acc);
   if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+}
+
+// One item of the work list: M tile m (of num_m), N tile n, K range ks (of `splits`) = K slices
+// [kt0, kt1). The K ranges of one tile are consecutive items.
+struct WsItem {
+  int m, n, ks, kt0, kt1;
+};
+__device__ __forceinline__ WsItem ws_item(int t, int num_m, int n_tiles, int splits, int KT) {
+  WsItem it;
+  ws_tile(t / splits, num_m, n_tiles, it.m, it.n);
+  it.ks = t % splits;
+  it.kt0 = it.ks * KT / splits;
+  it.kt1 = (it.ks + 1) * KT / splits;
+  return it;
+}
+
+// The persistent schedule shared by the WS kernels: CTA b takes items t = b, b + gridDim.x, ... of
+// num_m x n_tiles x splits; lane 0 of the producer warp loads each item's K slices (boxes(it, row0,
+// b0, b1) gives the A first row and the two B box rows), the two consumer warpgroups multiply
+// (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer warp
+// returns early; no CTA-wide barrier may follow.
+template <class TT, class Boxes, class Epi>
+__device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb, int num_m,
+                                       int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi) {
+  const int warp = threadIdx.x >> 5;
+  const int total = num_m * n_tiles * splits;
+  WsRing ring;
+  if (warp == kWsConsumerWarps) {  // producer
+    if (threadIdx.x % 32 != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+      int row0, b0, b1;
+      boxes(it, row0, b0, b1);
+      ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice);
+    }
+    return;
+  }
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+    AccW acc;
+    ws_consume_tile<TT>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+    epi(it, acc);
+  }
 }
 
 }  // namespace moekit::cuda::grouped

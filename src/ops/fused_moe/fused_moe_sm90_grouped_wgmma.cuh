@@ -27,6 +27,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -117,6 +118,19 @@ struct WgmmaOp<__half> {
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOEKIT_WG_REGS
         "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : MOEKIT_WG_OPERANDS
+        : "l"(da), "l"(db), "r"(1));
+  }
+};
+// fp8: one k32 step (32 bytes of K, the same +32-byte descriptor advance as a bf16 k16 step): A 64 x
+// 32 and B 256 x 32 e4m3fn codes, K-major (the only fp8 layout wgmma takes), f32 accumulation.
+template <>
+struct WgmmaOp<__nv_fp8_e4m3> {
+  __device__ __forceinline__ static void run(float (&d)[kWgNT][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" MOEKIT_WG_REGS
+        "}, %128, %129, p, 1, 1;\n}\n"
         : MOEKIT_WG_OPERANDS
         : "l"(da), "l"(db), "r"(1));
   }

@@ -694,6 +694,9 @@ Status run_fp8_impl(const FusedMoeParams& p, const RunContext& ctx) { return run
 }  // namespace
 
 Status fused_moe_small_m_supports(const FusedMoeParams& p) { return supports_impl(p); }
+Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p) { return supports_fp8_impl(p); }
+size_t fused_moe_small_m_fp8_workspace_bytes(const FusedMoeParams& p) { return workspace_fp8_impl(p); }
+Status fused_moe_small_m_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_fp8_impl(p, ctx); }
 size_t fused_moe_small_m_workspace_bytes(const FusedMoeParams& p) { return workspace_impl(p); }
 Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx) {
   const Status s = supports_impl(p);

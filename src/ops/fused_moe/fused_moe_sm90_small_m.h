@@ -25,4 +25,9 @@ size_t fused_moe_small_m_workspace_bytes(const FusedMoeParams& p);
 // No allocation, no host synchronisation (CUDA-graph capturable); T = 0 launches nothing.
 Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx);
 
+// The same for the fp8 per-tensor / per-row W8A8 variants (fp8_row, fp8_row_tkw1).
+Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p);
+size_t fused_moe_small_m_fp8_workspace_bytes(const FusedMoeParams& p);
+Status fused_moe_small_m_fp8_run(const FusedMoeParams& p, const RunContext& ctx);
+
 }  // namespace moekit::cuda

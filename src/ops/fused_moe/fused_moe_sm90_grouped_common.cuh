@@ -1,0 +1,192 @@
+// Shared by the grouped fused_moe kernels (fused_moe_sm90_grouped.cu: bf16 / f16;
+// fused_moe_sm90_grouped_fp8.cu: fp8 W8A8): the routing kernel that lays out expert-contiguous rows
+// and the M tile list, the activations (f32, as the reference), and the per-token reduction over k
+// (fixed slot order, optional two K-range partials). Internal linkage: each .cu gets its own copy.
+// SPEC 3.1-3.5. Tests: tests/test_fused_moe_sm90_grouped.cpp, tests/test_fused_moe_sm90_grouped_fp8.cpp.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/block_scan.cuh"
+#include "moekit/ops/fused_moe.h"
+
+namespace moekit::cuda::grouped {
+namespace {
+
+constexpr int kRouteThreads = 1024;  // one block; also the largest E (one expert per thread in scans)
+static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_1024");
+constexpr int kMaxE = kRouteThreads;
+constexpr int kMaxK = 32;
+constexpr int kReduceThreads = 256;
+
+// ---------------------------------------------------------------- activations (f32, as the reference)
+template <Activation A>
+__device__ __forceinline__ float act(float z) {
+  if constexpr (A == Activation::silu) {
+    return z / (1.0f + expf(-z));
+  } else if constexpr (A == Activation::gelu) {
+    return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+  } else {
+    const float c = 0.79788456080286536f;  // sqrt(2 / pi)
+    return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
+  }
+}
+
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }
+
+// ---------------------------------------------------------------- 1. routing
+struct RouteArgs {
+  const int32_t* ids;       // [T*k]
+  const int32_t* mask;      // [Eg] or nullptr
+  const int32_t* map;       // [Eg] or nullptr
+  int32_t* local;           // [Eg] out: local expert of each global id, -1 = remote
+  int32_t* offsets;         // [E + 1] out: first row of each expert (rows not padded)
+  int32_t* row_entry;       // [Tk] out: entry t*k + j of each row, rows grouped by expert
+  int32_t* slot_row;        // [Tk] out: row of entry t*k + j, -1 = not computed here
+  int32_t* tile_expert;     // [tiles_max] out: expert of each M tile, -1 = unused tile
+  int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
+  int32_t* num_tiles;       // [1] out: M tiles in use (a prefix of the list)
+  int tk, E, Eg, tiles_max;
+  int bm;                   // M tile rows (64 or 128)
+};
+
+__device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
+  if (id < 0 || id >= a.Eg) return -1;  // -1 (unused slot) or a bad id: skipped, never indexed
+  const int e = a.local[id];
+  return (e >= 0 && e < a.E) ? e : -1;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
+  __shared__ int s_cnt[kMaxE];
+  __shared__ int s_cursor[kMaxE];
+  __shared__ int s_off[kMaxE + 1];
+  __shared__ int s_toff[kMaxE + 1];
+  const int tid = threadIdx.x;
+
+  // Global -> local table. Mask: local id = number of set entries before g (a set entry beyond E is
+  // treated as remote); map: entries outside [-1, E) are remote; neither: identity.
+  if (a.mask != nullptr) {
+    const int chunk = (a.Eg + kRouteThreads - 1) / kRouteThreads;
+    const int beg = min(a.Eg, tid * chunk), end = min(a.Eg, beg + chunk);
+    int ones = 0;
+    for (int g = beg; g < end; ++g) ones += a.mask[g] != 0;
+    int next = block_exclusive_sum_1024(ones);
+    for (int g = beg; g < end; ++g) {
+      if (a.mask[g] != 0) {
+        a.local[g] = next < a.E ? next : -1;
+        ++next;
+      } else {
+        a.local[g] = -1;
+      }
+    }
+  } else {
+    for (int g = tid; g < a.Eg; g += kRouteThreads) {
+      const int v = a.map != nullptr ? a.map[g] : g;
+      a.local[g] = (v >= 0 && v < a.E) ? v : -1;
+    }
+  }
+  for (int e = tid; e < kMaxE; e += kRouteThreads) {
+    s_cnt[e] = 0;
+    s_cursor[e] = 0;
+  }
+  __syncthreads();  // also publishes a.local (global writes) to the block
+
+  for (int i = tid; i < a.tk; i += kRouteThreads) {
+    const int e = lookup_local(a, a.ids[i]);
+    if (e >= 0) atomicAdd(&s_cnt[e], 1);
+  }
+  __syncthreads();
+
+  const int cnt = tid < a.E ? s_cnt[tid] : 0;
+  const int tiles = (cnt + a.bm - 1) / a.bm;
+  const int off = block_exclusive_sum_1024(cnt);
+  const int toff = block_exclusive_sum_1024(tiles);
+  if (tid < a.E) {
+    s_off[tid] = off;
+    s_toff[tid] = toff;
+    if (tid == a.E - 1) {
+      s_off[a.E] = off + cnt;
+      s_toff[a.E] = toff + tiles;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e <= a.E; e += kRouteThreads) a.offsets[e] = s_off[e];
+
+  // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
+  for (int i = tid; i < a.tk; i += kRouteThreads) {
+    const int e = lookup_local(a, a.ids[i]);
+    int row = -1;
+    if (e >= 0) {
+      row = s_off[e] + atomicAdd(&s_cursor[e], 1);
+      a.row_entry[row] = i;
+    }
+    a.slot_row[i] = row;
+  }
+  for (int e = tid; e < a.E; e += kRouteThreads) {
+    for (int t = s_toff[e]; t < s_toff[e + 1]; ++t) {
+      a.tile_expert[t] = e;
+      a.tile_row0[t] = s_off[e] + (t - s_toff[e]) * a.bm;
+    }
+  }
+  for (int t = s_toff[a.E] + tid; t < a.tiles_max; t += kRouteThreads) a.tile_expert[t] = -1;
+  if (tid == 0) *a.num_tiles = s_toff[a.E];
+}
+
+// ---------------------------------------------------------------- 4. reduction over k
+struct ReduceArgs {
+  const float* y;           // [splits, Tk, H]: K-range partials at y + ks * y_split
+  int64_t y_split;
+  const int32_t* slot_row;  // [Tk]
+  const float* weights;     // [Tk]
+  void* out;                // [T, H] row stride os
+  int64_t os;
+  int H, k;
+  int splits;               // 1 or 2
+  bool weight_on_input;
+};
+
+// One block per token: out[t, c] = round(sum_j w_tj * y[row(t, j), c]), j ascending; a token with
+// no computed slot gets a zero row.
+template <class TT>
+__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
+  __shared__ int s_row[kMaxK];
+  __shared__ float s_w[kMaxK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < p.k) {
+    s_row[threadIdx.x] = p.slot_row[t * p.k + threadIdx.x];
+    s_w[threadIdx.x] = p.weight_on_input ? 1.0f : p.weights[t * p.k + threadIdx.x];
+  }
+  __syncthreads();
+  TT* out = static_cast<TT*>(p.out) + t * p.os;
+  for (int c = threadIdx.x * 4; c < p.H; c += kReduceThreads * 4) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < p.k; ++j) {
+      const int r = s_row[j];
+      if (r < 0) continue;
+      const float w = s_w[j];
+      float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
+      if (p.splits == 2) {  // range 0 + range 1, in that order
+        const float4 v1 = *reinterpret_cast<const float4*>(p.y + p.y_split + int64_t(r) * p.H + c);
+        v.x += v1.x;
+        v.y += v1.y;
+        v.z += v1.z;
+        v.w += v1.w;
+      }
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    store_out(out + c, acc.x);
+    store_out(out + c + 1, acc.y);
+    store_out(out + c + 2, acc.z);
+    store_out(out + c + 3, acc.w);
+  }
+}
+
+}  // namespace
+}  // namespace moekit::cuda::grouped

@@ -1,0 +1,424 @@
+// fused_moe_sm90_grouped_fp8 (see fused_moe_sm90_grouped_fp8.h): fp8 W8A8 prefill on the persistent
+// TMA + wgmma kernels of the bf16 path (fused_moe_sm90_grouped_tma.cuh) with e4m3 operands: a K slice
+// is 128 codes (128 bytes, the same 128-byte swizzle rows), four wgmma m64n256k32 per slice. The
+// activations are quantized exactly as the reference does (fused_moe_ref_fp8.cpp, run_row); the
+// scales are applied in the epilogues (per row of A, per output column of the weights).
+// SPEC 3.2, 3.4. Deterministic by construction (no float atomics).
+// Tests: tests/test_fused_moe_sm90_grouped_fp8.cpp (suite FusedMoeSm90GroupedFp8).
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_utils.h"
+#include "cuda/tensor_map.h"
+#include "moekit/core/dtype.h"
+#include "moekit/ops/quant.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
+
+namespace moekit::cuda {
+namespace grouped {
+namespace {
+
+constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
+constexpr int kQuantThreads = 256;
+constexpr size_t kAlignFp8 = 256;
+
+// ---------------------------------------------------------------- workspace layout
+struct Fp8Layout {
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
+  int64_t tk, tiles_max;
+  int splits;  // gemm2 K ranges (fused_moe_sm90_grouped_gemm2_splits)
+};
+
+Fp8Layout fp8_layout_of(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  Fp8Layout l{};
+  l.tk = d.T * d.k;
+  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);
+  l.splits = fused_moe_sm90_grouped_gemm2_splits(l.tiles_max, (d.H + 255) / 256, d.I / kSliceCodes);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + kAlignFp8 - 1) / kAlignFp8 * kAlignFp8;
+    return at;
+  };
+  const size_t tk = size_t(l.tk);
+  l.local = take(size_t(d.Eg) * 4);
+  l.offsets = take(size_t(d.E + 1) * 4);
+  l.row_entry = take(tk * 4);
+  l.slot_row = take(tk * 4);
+  l.tile_expert = take(size_t(l.tiles_max) * 4);
+  l.tile_row0 = take(size_t(l.tiles_max) * 4);
+  l.num_tiles = take(4);
+  l.xq = take(tk * size_t(d.H));
+  l.sx = take(tk * 4);
+  l.a = take(tk * size_t(d.I) * 4);
+  l.aq = take(tk * size_t(d.I));
+  l.sa = take(tk * 4);
+  l.y = take(size_t(l.splits) * tk * size_t(d.H) * 4);
+  l.total = off + kAlignFp8;  // the caller's workspace need not be aligned
+  return l;
+}
+
+// ---------------------------------------------------------------- quantizers (as the reference)
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void load8(const __half* p, float (&f)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __half22float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+// One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when
+// row_entry is given, else src row r) -> n e4m3fn codes q[r] and its scale s[r]:
+// s = max(amax, kFp8AmaxFloor) / 448 (or *fixed), code = e4m3fn(v / s) (f32_to_e4m3fn_bits, the
+// reference's encoder). n % 8 == 0, rows 16-byte aligned.
+template <class S>
+__global__ void __launch_bounds__(kQuantThreads)
+    quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
+                      const float* fixed, uint8_t* q, float* scale) {
+  const int r = blockIdx.x;
+  if (r >= offsets[E]) return;
+  const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
+  __shared__ float red[kQuantThreads / 32];
+  float s;
+  if (fixed != nullptr) {
+    s = *fixed;
+  } else {
+    float amax = 0.0f;
+    for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
+      float f[8];
+      load8(v + c, f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+#pragma unroll
+    for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+    s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+  }
+  uint8_t* qr = q + int64_t(r) * n;
+  for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
+    float f[8];
+    load8(v + c, f);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo |= uint32_t(f32_to_e4m3fn_bits(f[i] / s)) << (8 * i);
+      hi |= uint32_t(f32_to_e4m3fn_bits(f[4 + i] / s)) << (8 * i);
+    }
+    *reinterpret_cast<uint2*>(qr + c) = make_uint2(lo, hi);
+  }
+  if (threadIdx.x == 0) scale[r] = s;
+}
+
+// ---------------------------------------------------------------- the two GEMMs
+struct Fp8GemmArgs {
+  const int32_t* offsets;      // routing outputs
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  const int32_t* num_tiles;
+  const int32_t* row_entry;
+  const float* weights;        // [T*k] router weights (weight_on_input only)
+  const float* row_scale;      // [Tk] scale of each A row (s_x for gemm1, s_a for gemm2)
+  const float* w_scale;        // [E] per tensor or [E, N] per row
+  float* out;                  // gemm1: a [Tk, I]; gemm2: y [splits, Tk, H]
+  int64_t y_split;             // gemm2: elements between the K-range partials
+  int H, I, splits;
+  bool w_rows;                 // w_scale is per row
+  bool weight_on_input;
+};
+
+__device__ __forceinline__ float wscale(const Fp8GemmArgs& p, int e, int n, int N) {
+  return p.w_rows ? p.w_scale[int64_t(e) * N + n] : p.w_scale[e];
+}
+
+// gemm1: ma = xq [Tk, H] codes, mb = w1 as [E * N1, H] codes; N tiles of 128 gate + 128 up columns
+// (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w).
+template <bool G1U1, Activation A>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm1_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Fp8GemmArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
+  ws_run<__nv_fp8_e4m3>(
+      sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
+      [&](const WsItem& it, int& row0, int& b0, int& b1) {
+        const int e = p.tile_expert[it.m], i0 = it.n * nb;
+        row0 = p.tile_row0[it.m];
+        b0 = e * n1 + i0;
+        b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
+      },
+      [&](const WsItem& it, const AccW& acc) {
+        const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], i0 = it.n * nb;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          const int row = row0 + rl;
+          const float sx = p.row_scale[row];
+          const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+          float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+          if constexpr (G1U1) {
+#pragma unroll
+            for (int j = 0; j < kWgNT / 2; ++j) {
+              const int c = i0 + 8 * j + c0;
+              const float* g = &acc.v[0][j][2 * h];
+              const float* u = &acc.v[0][j + kWgNT / 2][2 * h];
+              const float g0 = g[0] * sx * wscale(p, e, c, n1) * w, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * w;
+              const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * w;
+              const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kWgNT; ++j) {
+              if (8 * j >= p.I - i0) continue;
+              const int c = i0 + 8 * j + c0;
+              const float* g = &acc.v[0][j][2 * h];
+              const float g0 = g[0] * sx * wscale(p, e, c, n1) * w, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0), act<A>(g1));
+            }
+          }
+        }
+      });
+}
+
+// gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
+// ks -> y + ks * y_split.
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm2_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Fp8GemmArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  ws_run<__nv_fp8_e4m3>(
+      sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
+      [&](const WsItem& it, int& row0, int& b0, int& b1) {
+        row0 = p.tile_row0[it.m];
+        b0 = p.tile_expert[it.m] * p.H + it.n * kBN;
+        b1 = b0 + kBN / 2;
+      },
+      [&](const WsItem& it, const AccW& acc) {
+        const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          const int row = row0 + rl;
+          const float sa = p.row_scale[row];
+          float* yrow = p.out + it.ks * p.y_split + int64_t(row) * p.H + h0 + c0;
+#pragma unroll
+          for (int j = 0; j < kWgNT; ++j) {
+            if (8 * j >= p.H - h0) continue;
+            const int c = h0 + 8 * j + c0;
+            const float* v = &acc.v[0][j][2 * h];
+            *reinterpret_cast<float2*>(yrow + 8 * j) =
+                make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
+          }
+        }
+      });
+}
+
+// ---------------------------------------------------------------- host side
+template <class TT>
+Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  const Fp8Layout l = fp8_layout_of(p);
+  auto* base = static_cast<unsigned char*>(ctx.workspace);
+  base += (kAlignFp8 - reinterpret_cast<uintptr_t>(base) % kAlignFp8) % kAlignFp8;
+  auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto* xq = base + l.xq;
+  auto* aq = base + l.aq;
+  auto* sx = reinterpret_cast<float*>(base + l.sx);
+  auto* sa = reinterpret_cast<float*>(base + l.sa);
+  auto* a = reinterpret_cast<float*>(base + l.a);
+  auto* y = reinterpret_cast<float*>(base + l.y);
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
+
+  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
+               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
+               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
+               at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert), at(l.tile_row0),
+               at(l.num_tiles), int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), 128};
+  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 route"));
+
+  const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
+  quant_rows_kernel<TT><<<unsigned(l.tk), kQuantThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
+                                                                  at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
+                                                                  int(d.H), fixed, xq, sx);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant x"));
+
+  const int64_t n1 = d.N1;
+  CUtensorMap ma1, mb1, ma2, mb2;
+  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 128,
+                                              "fused_moe_sm90_grouped_fp8 xq"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * n1), uint64_t(d.H),
+                                              uint64_t(d.H), 128, "fused_moe_sm90_grouped_fp8 w1"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I), 128,
+                                              "fused_moe_sm90_grouped_fp8 aq"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
+                                              uint64_t(d.I), 128, "fused_moe_sm90_grouped_fp8 w2"));
+  int dev = 0, sms = 0;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped_fp8: cudaGetDevice"));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                                    "fused_moe_sm90_grouped_fp8: cudaDeviceGetAttribute"));
+  auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
+
+  const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
+  Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
+                 p.topk_weights.ptr<const float>(), sx, p.w1_scale.ptr<const float>(), a, 0, int(d.H), int(d.I), 1,
+                 w1_rows, p.weight_on_input};
+  const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
+  auto* fn1 = [&]() {
+    switch (p.activation) {
+      case Activation::gelu: return d.g1u1 ? gemm1_fp8_kernel<true, Activation::gelu> : gemm1_fp8_kernel<false, Activation::gelu>;
+      case Activation::gelu_tanh:
+        return d.g1u1 ? gemm1_fp8_kernel<true, Activation::gelu_tanh> : gemm1_fp8_kernel<false, Activation::gelu_tanh>;
+      case Activation::silu: break;
+    }
+    return d.g1u1 ? gemm1_fp8_kernel<true, Activation::silu> : gemm1_fp8_kernel<false, Activation::silu>;
+  }();
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+                                    "fused_moe_sm90_grouped_fp8 gemm1: cudaFuncSetAttribute"));
+  fn1<<<grid(l.tiles_max * n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 gemm1"));
+
+  quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, at(l.offsets), int(d.E),
+                                                                     int(d.I), nullptr, aq, sa);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant a"));
+
+  Fp8GemmArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
+                 p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
+                 int(d.I), l.splits, w2_rows, false};
+  MOEKIT_RETURN_IF_ERROR(check_cuda(
+      cudaFuncSetAttribute(gemm2_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+      "fused_moe_sm90_grouped_fp8 gemm2: cudaFuncSetAttribute"));
+  gemm2_fp8_kernel<<<grid(l.tiles_max * n_tiles2 * l.splits), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 gemm2"));
+
+  ReduceArgs rd{y, l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
+                int(d.H), int(d.k), l.splits, p.weight_on_input};
+  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
+  return last_launch("fused_moe_sm90_grouped_fp8 reduce");
+}
+
+Status check_fp8_scale(const TensorView& s, const char* name, int64_t E, int64_t N) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim == 1 && s.shape[0] == E) return Status::Ok();
+  if ((s.ndim == 2 || (s.ndim == 3 && s.shape[2] == 1)) && s.shape[0] == E && s.shape[1] == N) return Status::Ok();
+  return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
+}
+
+}  // namespace
+}  // namespace grouped
+
+Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
+                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map},
+                                         {"a1_scale", &p.a1_scale}}));
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
+    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
+  }
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
+  }
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
+                       " (this kernel reads row_major weights only)");
+  }
+  if (p.scale_block_n != 0 || p.scale_block_k != 0) {
+    return Unsupported("scale_block_n/k: block scales are not supported here, got ", p.scale_block_n, "x",
+                       p.scale_block_k);
+  }
+  const MoeDims d = moe_dims(p);
+  MOEKIT_RETURN_IF_ERROR(grouped::check_fp8_scale(p.w1_scale, "w1_scale", d.E, d.N1));
+  MOEKIT_RETURN_IF_ERROR(grouped::check_fp8_scale(p.w2_scale, "w2_scale", d.E, d.H));
+  if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (fp8 K slice), got ", d.H);
+  if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (fp8 K slice), got ", d.I);
+  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
+  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
+  if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
+    return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
+  }
+  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
+    return Unsupported("w1/w2: data must be 16-byte aligned");
+  }
+  const int64_t tk = d.T * d.k;
+  if (tk > (int64_t(1) << 30) || tk * std::max(d.H, d.I) > (int64_t(1) << 40)) {
+    return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
+  }
+  if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
+  if (d.E * d.N1 >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
+    return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
+  }
+  return Status::Ok();
+}
+
+size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
+  return grouped::fp8_layout_of(p).total;
+}
+
+Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  if (d.T == 0) return Status::Ok();
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < fused_moe_sm90_grouped_fp8_workspace_bytes(p)) {
+    return InvalidArgument("workspace: fused_moe_sm90_grouped_fp8 needs ", fused_moe_sm90_grouped_fp8_workspace_bytes(p),
+                           " device bytes, got ", ctx.workspace_bytes);
+  }
+  if (p.x.dtype == DType::bf16) return grouped::run_fp8_typed<__nv_bfloat16>(p, ctx);
+  return grouped::run_fp8_typed<__half>(p, ctx);
+}
+
+void register_fused_moe_sm90_grouped_fp8(Registry& r) {
+  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row" : "fused_moe_sm90_grouped_fp8_row_tkw1",
+           OpKind::fused_moe, v, Backend::cuda,
+           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), "
+           "QGMMA m64n256k32 f32 accumulate, f32 sum over k",
+           100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+           erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
+           erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>});
+  }
+}
+
+}  // namespace moekit::cuda

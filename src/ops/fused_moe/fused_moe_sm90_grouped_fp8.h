@@ -1,0 +1,38 @@
+// fused_moe_sm90_grouped_fp8: the prefill (large T) fused_moe kernel for fp8 W8A8 with per-tensor or
+// per-row weight scales (SPEC 3.2: variants fp8_row and fp8_row_tkw1) on sm_90a fp8 tensor cores
+// (wgmma m64n256k32 e4m3 x e4m3 -> f32, QGMMA in SASS).
+//
+// Launches on ctx.stream, no host synchronisation, no allocation (CUDA-graph capturable):
+//   1. route        the routing kernel of the bf16 path (fused_moe_sm90_grouped_common.cuh), BM 128.
+//   2. quant x      one block per expert-ordered row: x[token] quantized exactly as the reference,
+//                   s = max(amax, 1e-12) / 448 (or the static a1_scale), codes e4m3fn(x / s).
+//   3. gemm1        persistent TMA + wgmma kernel (fused_moe_sm90_grouped_tma.cuh, 128-byte K slices =
+//                   128 codes): h = acc * s_x[row] * w1_scale[e, n] (* w with the router weight on
+//                   the input), a = act(g) * u in f32 -> workspace.
+//   4. quant a      a re-quantized per row (the reference's per-(token, slot) scale).
+//   5. gemm2        the same mainloop: y = acc * s_a[row] * w2_scale[e, c] in f32 (two K-range
+//                   partials when the work list is short, as the bf16 path).
+//   6. reduce       out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
+// Deterministic by construction (no float atomics). Requirements: H % 128 == 0, I % 128 == 0,
+// weights fp8_e4m3fn row_major. Tests: tests/test_fused_moe_sm90_grouped_fp8.cpp.
+#pragma once
+
+#include <cstddef>
+
+#include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"
+
+namespace moekit::cuda {
+
+// ok, or why the kernel refuses p (host tensors, non-fp8 weights, block scales, H or I not multiples
+// of 128, k > 32, E > 1024, misaligned rows).
+Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p);
+// Workspace bytes for p (routing lists, x and a codes + scales, a in f32, y in f32).
+size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p);
+// Runs the kernel (p validated and supported, ctx.workspace on the device).
+Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx);
+
+// Adds the registry rows fused_moe_sm90_grouped_fp8_row and _fp8_row_tkw1 (priority 100).
+void register_fused_moe_sm90_grouped_fp8(Registry& r);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,80 @@
+// Helpers shared by the tests of the CUDA fp8 W8A8 fused_moe kernels
+// (tests/test_fused_moe_sm90_small_m_fp8.cpp, tests/test_fused_moe_sm90_grouped_fp8.cpp): one kernel
+// on device copies of a problem against the fp8 ref kernel on the host, with the kernel_vs_ref rows
+// of docs/tolerances.md. Header-only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "fused_moe_test_util.h"
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+namespace moekit::testing::moe_test {
+
+// "" when `kernel` is registered and the CUDA backend is available, else why not.
+inline std::string cuda_kernel_unavailable(const char* kernel) {
+  if (registry().find(kernel) == nullptr) return std::string(kernel) + " is not compiled in (MOEKIT_CUDA off)";
+  const Status st = registry().backend_available(Backend::cuda);
+  return st.ok() ? "" : "CUDA backend unavailable: " + st.to_string();
+}
+
+// The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input) on device
+// copies of prob's tensors against the fp8 ref kernel on the host; outputs must be finite.
+inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel, const char* tkw1_kernel) {
+  FusedMoeParams p = prob.params();
+  const bool tkw1 = p.weight_on_input;
+  RunOptions ro;
+  ro.kernel = tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
+  prob.out.fill_bytes(0xFF);
+  const Status rs = fused_moe(p, ro);
+  ASSERT_TRUE(rs.ok()) << rs.to_string();
+  const std::vector<double> expected = read_out(p.out);
+  prob.out.fill_bytes(0xFF);
+  {
+    DeviceMirror dev(Backend::cuda);
+    for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.expert_mask, &p.expert_map,
+                          &p.w1_scale, &p.w2_scale, &p.a1_scale}) {
+      ASSERT_TRUE(dev.input(t).ok());
+    }
+    ASSERT_TRUE(dev.output(&p.out).ok());
+    RunOptions opts;
+    opts.kernel = tkw1 ? tkw1_kernel : row_kernel;
+    size_t ws = 0;
+    ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
+    ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
+    opts.workspace_bytes = ws;
+    const Status st = fused_moe(p, opts);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(dev.copy_back().ok());
+  }
+  const std::vector<double> actual = read_out(prob.params().out);
+  for (double v : actual) ASSERT_TRUE(std::isfinite(v));
+  Metrics m;
+  std::string detail;
+  const MoeVariant v = tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
+  EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H,
+                        moe_tolerance(v, prob.x_dtype, MoeCompare::kernel_vs_ref), &m, &detail))
+      << detail << " | worst " << m.worst;
+}
+
+// Every case ok, and kernel a or b really ran in at least one; a case of theirs may be skipped only
+// when may_skip(case name, detail) says the refusal is by design.
+template <class MaySkip>
+void expect_fp8_kernels_ran(const std::vector<CaseResult>& results, const char* a, const char* b, MaySkip may_skip) {
+  expect_all_ok(results);
+  int ran = 0;
+  for (const CaseResult& r : results) {
+    if (r.kernel != a && r.kernel != b) continue;
+    const bool skipped = r.detail.rfind("skipped", 0) == 0;
+    EXPECT_TRUE(!skipped || may_skip(r.name, r.detail)) << r.name << " | " << r.detail;
+    ran += skipped ? 0 : 1;
+  }
+  EXPECT_GT(ran, 0);
+}
+
+}  // namespace moekit::testing::moe_test

@@ -1,0 +1,162 @@
+// fused_moe_sm90_grouped_fp8_row(_tkw1) (src/ops/fused_moe/fused_moe_sm90_grouped_fp8.cu): the fp8
+// W8A8 prefill CUDA kernel (QGMMA) and the auto kernels fused_moe_sm90_fp8_row(_tkw1) against the
+// fp8 reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
+// presets (per-tensor, per-row, router weight on the input), several 128-row M tiles per expert,
+// tails around the warpgroup cut, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
+// and an expert map, rows of all zeros, large values, and supports()' refusals.
+// Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
+// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fused_moe_fp8_test_util.h"
+#include "fused_moe_test_util.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+namespace moekit::testing {
+namespace {
+
+using moe_test::make;
+using moe_test::small_shape;
+
+constexpr const char* kRow = "fused_moe_sm90_grouped_fp8_row";
+constexpr const char* kTkw1 = "fused_moe_sm90_grouped_fp8_row_tkw1";
+constexpr const char* kAutoRow = "fused_moe_sm90_fp8_row";
+constexpr const char* kAutoTkw1 = "fused_moe_sm90_fp8_row_tkw1";
+
+#define SKIP_WITHOUT_KERNEL()                                          \
+  do {                                                                 \
+    const std::string why = moe_test::cuda_kernel_unavailable(kRow);   \
+    if (!why.empty()) GTEST_SKIP() << why;                             \
+  } while (0)
+
+void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
+
+// Refused by design: shuffled and CPU-packed weights, H or I not multiples of 128.
+bool may_skip(const std::string& name, const std::string& detail) {
+  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
+         detail.find("multiple of 128") != std::string::npos || detail.find("multiple of 16") != std::string::npos;
+}
+
+TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
+  SKIP_WITHOUT_KERNEL();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      CheckRequest req;
+      req.shape.scheme = sc;
+      req.shape.scheme_given = true;
+      req.shape.weight_on_input = on_input;
+      if (on_input) req.shape.topk = 1;
+      req.tokens = {1, 8, 64, 300};
+      req.has_backend = true;
+      req.backend = Backend::cuda;
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      const std::vector<CaseResult> results = check_fused_moe(req);
+      moe_test::expect_fp8_kernels_ran(results, kRow, kTkw1, may_skip);
+      moe_test::expect_fp8_kernels_ran(results, kAutoRow, kAutoTkw1, may_skip);
+    }
+  }
+}
+
+TEST(FusedMoeSm90GroupedFp8, Presets) {
+  SKIP_WITHOUT_KERNEL();
+  // NOTE: the host fp8 reference dominates the run time (its cost grows with T): T = 48 gives
+  // the scaled presets several rows per touched expert while the test stays in seconds.
+  for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
+    CheckRequest req;
+    req.shape.model = model;
+    req.shape.scheme = Scheme::fp8_channel;
+    req.shape.scheme_given = true;
+    if (std::string(model) == "llama4") req.shape.weight_on_input = true;
+    req.tokens = {48};
+    req.edge_cases = false;
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    SCOPED_TRACE(model);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRow, kTkw1, may_skip);
+  }
+}
+
+// 800 rows over 6 experts: several 128-row M tiles per expert, partial last tiles, H = 256 (2 K
+// slices), I = 384 (gemm1: 3 N tiles of 128 gate + 128 up; gemm2: one K range of 3 slices).
+TEST(FusedMoeSm90GroupedFp8, ManyMTilesPerExpert) {
+  SKIP_WITHOUT_KERNEL();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    MoeProblem prob = make(small_shape(sc, 400, 6, 2, 256, 384));
+    expect_matches_ref(prob);
+  }
+}
+
+// Tails around the warpgroup cut (experts with 64, 65, 1, 192 and 129 rows, expert 5 empty) and
+// gemm2 in two K ranges (I = 1024: 8 slices of 128 codes, fused_moe_sm90_grouped_gemm2_splits).
+TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
+  SKIP_WITHOUT_KERNEL();
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
+  MoeProblem prob = make(small_shape(Scheme::fp8_channel, 451, 6, 1, 384, 1024));
+  const int counts[5] = {64, 65, 1, 192, 129};
+  int32_t* ids = prob.topk_ids.data<int32_t>();
+  int64_t t = 0;
+  for (int e = 0; e < 5; ++e) {
+    for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
+  }
+  ASSERT_EQ(t, prob.topk_ids.numel());
+  update_touched(&prob);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8, WeightOnInputManyRows) {
+  SKIP_WITHOUT_KERNEL();
+  MoeShape s = small_shape(Scheme::fp8_channel, 300, 4, 1, 256, 256);
+  s.weight_on_input = true;
+  MoeProblem prob = make(s);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8, StaticActivationScale) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblemOptions o;
+  o.static_a1_scale = true;
+  MoeProblem prob = make(small_shape(Scheme::fp8_channel, 90, 6, 2, 128, 256), o);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8, G1U0GeluAndExpertMap) {
+  SKIP_WITHOUT_KERNEL();
+  MoeShape s = small_shape(Scheme::fp8_channel, 130, 10, 3, 256, 384);
+  s.activation = Activation::gelu;
+  MoeProblemOptions o;
+  o.g1u1 = false;
+  o.local_experts = 4;
+  o.ep = ExpertParallel::map;
+  MoeProblem prob = make(s, o);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 60, 5, 2, 128, 128));
+  const int64_t H = prob.shape.H;
+  for (int64_t c = 0; c < H; ++c) {
+    prob.x.set(0 * H + c, 0.0f);                    // token 0: all zeros (the amax floor)
+    prob.x.set(3 * H + c, 3.0e4f * ((c % 7) - 3));  // token 3: large values (scaled, not saturated)
+  }
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
+  const Kernel* k = registry().find(kRow);
+  if (k == nullptr) GTEST_SKIP() << "not compiled in";
+  MoeProblem blk = make(small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
+  const FusedMoeParams bp = blk.params();
+  EXPECT_FALSE(k->supports(&bp).ok());
+  MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
+  const FusedMoeParams fp = bf.params();
+  EXPECT_FALSE(k->supports(&fp).ok());
+}
+
+}  // namespace
+}  // namespace moekit::testing
