@@ -49,9 +49,11 @@ def encode_split(tok: CharTokenizer, problems: List[Dict], device) -> Tuple[torc
     seqs = [[tok.bos_id] + tok.encode(p["prompt"] + p["target"]) + [tok.eos_id] for p in problems]
     plen = [1 + len(p["prompt"]) for p in problems]
     s = max(len(q) for q in seqs)
-    ids = torch.full((len(seqs), s), tok.pad_id, dtype=torch.uint8)
+    assert len(tok) <= 256, "token ids are stored as uint8"
+    buf = bytearray([tok.pad_id]) * (len(seqs) * s)
     for i, q in enumerate(seqs):
-        ids[i, :len(q)] = torch.tensor(q, dtype=torch.uint8)
+        buf[i * s:i * s + len(q)] = bytes(q)
+    ids = torch.frombuffer(buf, dtype=torch.uint8).view(len(seqs), s) if buf else torch.zeros(0, s, dtype=torch.uint8)
     return ids.to(device), torch.tensor([len(q) for q in seqs], device=device), torch.tensor(plen, device=device)
 
 
@@ -220,7 +222,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--eval-batch", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=100)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="default: cuda when available (--smoke: cpu)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few steps (a CPU check of the pipeline)")
     args = ap.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -234,6 +236,7 @@ def main(argv: List[str]) -> int:
         args.steps, args.batch, args.train_size, args.eval_n, args.log_every, args.warmup = 30, 16, 2000, 16, 10, 5
         torch.set_num_threads(min(2, torch.get_num_threads()))
     args.out = args.out or os.path.join(root, "models")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
