@@ -303,10 +303,10 @@ class MoE(nn.Module):
                 continue
             we = w[tok, slot, None]
             if cfg.family == "llama4":   # router weight on the expert input, none at the end
-                y = self.expert(e, (x[tok].float() * we).to(x.dtype))
+                y = self.expert(e, (x[tok].float() * we).to(x.dtype)).float()
             else:
                 y = self.expert(e, x[tok]).float() * we
-            out.index_add_(0, tok, y.float())
+            out.index_add_(0, tok, y)
         if cfg.family == "deepseek":
             out += self.shared_experts(x).float()
         elif cfg.family == "llama4":

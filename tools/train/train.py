@@ -13,9 +13,9 @@ For each model (tools/train/model.py PRESETS: mixtral-tiny, deepseek-v3-tiny, ll
      logit-agreement check.
 Everything is described in docs/models.md. Tests: tools/train/test_train.py.
 
-    python3 tools/train/train.py                       # all three models into models/ (GPU)
-    python3 tools/train/train.py --model llama4-tiny   # one model
-    python3 tools/train/train.py --smoke               # tiny sizes, a few steps, CPU, < 1 min
+    python3 tools/train/train.py --model mixtral-tiny   # one model into models/mixtral-tiny (GPU, ~3.5 min)
+    python3 tools/train/train.py                        # all three
+    python3 tools/train/train.py --smoke                # tiny sizes, a few steps, CPU, < 1 min
 """
 
 import argparse
@@ -212,9 +212,9 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description="train the bundled tiny MoE models (docs/models.md)")
     ap.add_argument("--model", default="all", help=f"one of {', '.join(M.PRESETS)} or 'all' (comma-separated list ok)")
     ap.add_argument("--out", default=None, help="output folder (default: models/ of the repository; --smoke: a temp dir)")
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=6000, help="training steps per model (or --minutes, whichever first)")
     ap.add_argument("--minutes", type=float, default=3.0, help="training time cap per model")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--train-size", type=int, default=200000, help="distinct training problems")
