@@ -100,3 +100,13 @@ assert all(abs(r['mem_floor_us'] - r['bytes'] / 100e3) < 1e-9 for r in d)\"" nee
 else()
   message(STATUS "moekit: python3 not found, the cli JSON tests are not registered")
 endif()
+
+# ---- the model runner on the committed smoke models (tests/data/models): eval prints one table row
+# per model x scheme with the logit agreement against the PyTorch reference; run generates.
+set(MOEKIT_SMOKE_MODELS "${PROJECT_SOURCE_DIR}/tests/data/models")
+moekit_cli_test(eval_smoke_models
+  "out=$(\"$0\" eval --model ${MOEKIT_SMOKE_MODELS} --data ${PROJECT_SOURCE_DIR}/models/data/arith_test.jsonl --limit 4 --scheme f32,fp8_block) || exit 1; echo \"$out\"; test \"$(echo \"$out\" | grep -c '| arith | 0 | exact_match |')\" -eq 6 && echo \"$out\" | grep -q '| mixtral-tiny-smoke | cpu | f32 |.*| 1.0000 |'")
+moekit_cli_test(run_smoke_model
+  "out=$(\"$0\" run --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --prompt 'Q: 1+1?' --max-new 5 2>&1) || exit 1; echo \"$out\"; echo \"$out\" | grep -q 'tokens/s'")
+moekit_cli_usage_error(eval_bad_scheme --scheme eval --model ${MOEKIT_SMOKE_MODELS} --scheme fp9)
+moekit_cli_usage_error(eval_bad_backend --backend eval --model ${MOEKIT_SMOKE_MODELS} --backend cuda)

@@ -65,6 +65,24 @@ struct BenchArgs {
   bool json = false;
 };
 
+// `moekit run` / `moekit eval` (cmd_model.cpp): the model runner on the bundled models.
+struct RunArgs {
+  std::string model;            // --model DIR (required)
+  std::string prompt;           // --prompt TEXT (required)
+  std::string backend = "cpu";  // --backend ref|cpu
+  std::string scheme = "bf16";  // --scheme f32|bf16|fp8_tensor|fp8_channel|fp8_block
+  std::string max_new = "64";   // --max-new N
+};
+struct EvalArgs {
+  std::string model = "models";   // --model DIR[,DIR...]: model folders, or a folder of them
+  std::string backend = "cpu";    // --backend ref|cpu[,...]
+  std::string scheme = "all";     // --scheme S[,S...]|all
+  std::string limit;              // --limit N: first N test problems (default: all)
+  std::string data;               // --data FILE (default: <first model's parent>/data/arith_test.jsonl)
+  std::string batch = "64";       // --batch N: sequences decoded together
+  bool json = false;
+};
+
 // ---------------------------------------------------------------- parsed selections (args.cpp)
 // Problems to run: one ShapeRequest per model preset (or the custom shape), plus the token counts.
 struct ProblemSet {
@@ -104,5 +122,7 @@ int run_ops(const OpsArgs& args);
 int run_check(const CheckArgs& args);
 int run_bench(const BenchArgs& args);
 int run_bench_ep(const BenchArgs& args);  // run_bench with --ep given
+int run_model(const RunArgs& args);
+int run_eval(const EvalArgs& args);
 
 }  // namespace moekit::cli

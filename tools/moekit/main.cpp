@@ -88,6 +88,27 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--fp8-dispatch", bench.fp8_dispatch, "With --ep: send x rows as fp8 e4m3fn + one scale per row");
   bench_cmd->add_flag("--json", bench.json, "Print a JSON array of rows instead of the table");
 
+  RunArgs run;
+  CLI::App* run_cmd = app.add_subcommand("run", "Generate from a prompt with a bundled model (tokens/s)");
+  run_cmd->add_option("--model", run.model, "Model folder (config.json, model.safetensors, tokenizer.json)")
+      ->required()->type_name("DIR");
+  run_cmd->add_option("--prompt", run.prompt, "Prompt text")->required()->type_name("TEXT");
+  run_cmd->add_option("--backend", run.backend, "ref or cpu (default: cpu)")->type_name("NAME");
+  run_cmd->add_option("--scheme", run.scheme, "f32, bf16, fp8_tensor, fp8_channel, fp8_block (default: bf16)")
+      ->type_name("SCHEME");
+  run_cmd->add_option("--max-new", run.max_new, "Most tokens to generate (default: 64)")->type_name("N");
+  EvalArgs eval;
+  CLI::App* eval_cmd = app.add_subcommand("eval", "Accuracy table of bundled models per backend and scheme");
+  eval_cmd->add_option("--model", eval.model, "Model folders, comma separated, or a folder of them (default: models)")
+      ->type_name("DIR");
+  eval_cmd->add_option("--backend", eval.backend, "ref, cpu, comma separated (default: cpu)")->type_name("NAME");
+  eval_cmd->add_option("--scheme", eval.scheme, "Schemes, comma separated, or all (default: all)")->type_name("S");
+  eval_cmd->add_option("--limit", eval.limit, "First N test problems (default: all)")->type_name("N");
+  eval_cmd->add_option("--data", eval.data, "Test problems JSONL (default: <models>/data/arith_test.jsonl)")
+      ->type_name("FILE");
+  eval_cmd->add_option("--batch", eval.batch, "Sequences decoded together (default: 64)")->type_name("N");
+  eval_cmd->add_flag("--json", eval.json, "Print a JSON array of rows instead of the table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -102,6 +123,8 @@ int main(int argc, char** argv) {
     if (ops_cmd->parsed()) return run_ops(ops);
     if (check_cmd->parsed()) return run_check(check);
     if (bench_cmd->parsed()) return run_bench(bench);
+    if (run_cmd->parsed()) return run_model(run);
+    if (eval_cmd->parsed()) return run_eval(eval);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moekit: internal error: %s\n", e.what());
     return kExitFailure;

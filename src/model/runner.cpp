@@ -1,0 +1,529 @@
+// The model runner (include/moekit/model/runner.h): loading a bundled model, the f32 decoder around
+// moekit's routing and fused_moe ops, teacher-forced logits and batched greedy decoding.
+// Tests: tests/test_model_runner.cpp.
+#include "moekit/model/runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "moekit/core/dtype.h"
+#include "moekit/model/safetensors.h"
+#include "moekit/ops/fused_moe.h"
+#include "moekit/ops/quant.h"
+#include "moekit/ops/routing.h"
+
+namespace moekit::model {
+
+const char* model_scheme_name(ModelScheme s) {
+  switch (s) {
+    case ModelScheme::f32: return "f32";
+    case ModelScheme::bf16: return "bf16";
+    case ModelScheme::fp8_tensor: return "fp8_tensor";
+    case ModelScheme::fp8_channel: return "fp8_channel";
+    case ModelScheme::fp8_block: return "fp8_block";
+  }
+  return "?";
+}
+
+bool parse_model_scheme(const std::string& s, ModelScheme* out) {
+  for (ModelScheme m : {ModelScheme::f32, ModelScheme::bf16, ModelScheme::fp8_tensor, ModelScheme::fp8_channel,
+                        ModelScheme::fp8_block}) {
+    if (s == model_scheme_name(m)) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+constexpr int kBlock = 128;  // fp8_block: 128 x 128 weight blocks, 1 x 128 activation groups
+
+Status read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return InvalidArgument("cannot open '", path, "'");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return Status::Ok();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// f32 values of a checkpoint tensor with exactly the expected shape (bf16 / f16 / f32 on disk).
+Status load_f32(const SafetensorsFile& f, const std::string& name, const std::vector<int64_t>& shape,
+                std::vector<float>* out) {
+  const SafetensorsTensor* t = f.find(name);
+  if (t == nullptr) return InvalidArgument("model.safetensors: missing tensor '", name, "'");
+  if (t->shape != shape) {
+    return InvalidArgument("model.safetensors: '", name, "' has shape ", shape_str(t->shape), ", want ",
+                           shape_str(shape));
+  }
+  TensorView v;
+  MOEKIT_RETURN_IF_ERROR(f.view(*t, &v));
+  if (v.dtype != DType::bf16 && v.dtype != DType::f16 && v.dtype != DType::f32) {
+    return InvalidArgument("model.safetensors: '", name, "' has dtype ", t->dtype, " (want BF16, F16 or F32)");
+  }
+  const int64_t n = v.numel();
+  out->resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) (*out)[size_t(i)] = load_as_f32(v.data, v.dtype, i);
+  return Status::Ok();
+}
+
+// y[n] = sum_h w[n, h] x[h] for n < N (w row-major [N, H]); 16 partial sums (vectorisable, fixed order).
+void matvec(const float* w, const float* x, int N, int H, float* y) {
+  for (int n = 0; n < N; ++n) {
+    const float* r = w + int64_t(n) * H;
+    float acc[16] = {};
+    int h = 0;
+    for (; h + 16 <= H; h += 16) {
+      for (int j = 0; j < 16; ++j) acc[j] += r[h + j] * x[h + j];
+    }
+    float s = 0.0f;
+    for (int j = 0; j < 16; ++j) s += acc[j];
+    for (; h < H; ++h) s += r[h] * x[h];
+    y[n] = s;
+  }
+}
+
+void rmsnorm(const float* x, const float* w, int H, float eps, float* y) {
+  double ss = 0.0;
+  for (int h = 0; h < H; ++h) ss += double(x[h]) * x[h];
+  const float r = 1.0f / std::sqrt(float(ss / H) + eps);
+  for (int h = 0; h < H; ++h) y[h] = w[h] * (x[h] * r);
+}
+
+// The highest-priority kernel of backend b that accepts params, or nullptr.
+const Kernel* pick_kernel(OpKind op, MoeVariant v, Backend b, const void* params) {
+  const Kernel* best = nullptr;
+  for (const Kernel* k : registry().candidates(op, v)) {
+    if (k->backend != b || !k->supports(params).ok()) continue;
+    if (best == nullptr || k->priority > best->priority) best = k;
+  }
+  return best;
+}
+
+// Stacked expert weights as fused_moe takes them, in the scheme's dtype.
+struct Experts {
+  int E = 0, N1 = 0, H = 0, I = 0;
+  DType dtype = DType::bf16;
+  std::vector<uint8_t> w1, w2;              // [E, N1, H], [E, H, I]
+  std::vector<float> s1, s2;                // fp8 scales
+  std::vector<int64_t> s1_shape, s2_shape;
+  bool block = false;
+};
+
+Status quantize_into(const std::vector<float>& w, std::vector<int64_t> shape, ModelScheme s, std::vector<uint8_t>* q,
+                     std::vector<float>* scale, std::vector<int64_t>* scale_shape) {
+  const int64_t E = shape[0], N = shape[1], K = shape[2];
+  q->assign(size_t(E * N * K), 0);
+  QuantizeFp8Params p;
+  if (s == ModelScheme::fp8_tensor) {  // one scale per expert: per_tensor on each [N, K]
+    scale->assign(size_t(E), 0.0f);
+    *scale_shape = {E};
+    for (int64_t e = 0; e < E; ++e) {
+      p.in = TensorView::contiguous(const_cast<float*>(w.data()) + e * N * K, DType::f32, {N, K});
+      p.out = TensorView::contiguous(q->data() + e * N * K, DType::fp8_e4m3fn, {N, K});
+      p.scale = TensorView::contiguous(scale->data() + e, DType::f32, {1});
+      p.granularity = QuantGranularity::per_tensor;
+      MOEKIT_RETURN_IF_ERROR(quantize_fp8(p));
+    }
+    return Status::Ok();
+  }
+  p.in = TensorView::contiguous(const_cast<float*>(w.data()), DType::f32, {E, N, K});
+  p.out = TensorView::contiguous(q->data(), DType::fp8_e4m3fn, {E, N, K});
+  if (s == ModelScheme::fp8_channel) {
+    *scale_shape = {E, N, 1};
+    p.granularity = QuantGranularity::per_row;
+  } else {
+    *scale_shape = {E, (N + kBlock - 1) / kBlock, (K + kBlock - 1) / kBlock};
+    p.granularity = QuantGranularity::block;
+    p.block_n = kBlock;
+    p.group_k = kBlock;
+  }
+  scale->assign(size_t((*scale_shape)[0] * (*scale_shape)[1] * (*scale_shape)[2]), 0.0f);
+  p.scale = TensorView::contiguous(scale->data(), DType::f32, int((*scale_shape).size()), scale_shape->data());
+  return quantize_fp8(p);
+}
+
+// w1f [E, N1, H] and w2f [E, H, I] (f32 values of the checkpoint) -> the scheme's experts.
+Status make_experts(const std::vector<float>& w1f, const std::vector<float>& w2f, int E, int N1, int H, int I,
+                    ModelScheme s, Experts* ex) {
+  ex->E = E, ex->N1 = N1, ex->H = H, ex->I = I;
+  if (s == ModelScheme::f32 || s == ModelScheme::bf16) {
+    ex->dtype = s == ModelScheme::f32 ? DType::f32 : DType::bf16;
+    const int eb = s == ModelScheme::f32 ? 4 : 2;
+    for (auto [src, dst] : {std::make_pair(&w1f, &ex->w1), std::make_pair(&w2f, &ex->w2)}) {
+      dst->resize(src->size() * size_t(eb));
+      for (size_t i = 0; i < src->size(); ++i) store_from_f32(dst->data(), ex->dtype, int64_t(i), (*src)[i]);
+    }
+    return Status::Ok();
+  }
+  ex->dtype = DType::fp8_e4m3fn;
+  ex->block = s == ModelScheme::fp8_block;
+  MOEKIT_RETURN_IF_ERROR(quantize_into(w1f, {E, N1, H}, s, &ex->w1, &ex->s1, &ex->s1_shape));
+  return quantize_into(w2f, {E, H, I}, s, &ex->w2, &ex->s2, &ex->s2_shape);
+}
+
+struct Layer {
+  std::vector<float> in_norm, post_norm, wq, wk, wv, wo, router, bias;
+  Experts experts, shared;
+};
+
+}  // namespace
+
+struct MoeModel::Impl {
+  ModelConfig cfg;
+  Tokenizer tok;
+  RunnerOptions opts;
+  std::vector<float> embed, lm_head, final_norm;
+  std::vector<Layer> layers;
+  std::vector<float> inv_freq;  // [head_dim / 2], as Hugging Face computes it (f32)
+
+  // One sequence's KV cache: [layer][position][kv_heads * head_dim] for K and V.
+  struct Seq {
+    std::vector<std::vector<float>> k, v;
+    int pos = 0;
+  };
+
+  Status load(const std::string& dir);
+  Status moe(const Layer& L, const std::vector<float>& h, int B, std::vector<float>* x);
+  Status run_experts(const Experts& ex, const std::vector<float>& h, int B, const int32_t* ids, const float* w, int k,
+                     bool on_input, std::vector<float>* x);
+  // Advances every sequence by one token (tokens[b] at seqs[b]->pos) and writes logits [B, vocab].
+  Status step(const std::vector<Seq*>& seqs, const std::vector<int32_t>& tokens, std::vector<float>* logits);
+  Seq new_seq() const {
+    Seq s;
+    s.k.assign(size_t(cfg.num_hidden_layers), {});
+    s.v.assign(size_t(cfg.num_hidden_layers), {});
+    return s;
+  }
+};
+
+Status MoeModel::Impl::load(const std::string& dir) {
+  std::string text;
+  MOEKIT_RETURN_IF_ERROR(read_file(dir + "/config.json", &text));
+  MOEKIT_RETURN_IF_ERROR(ModelConfig::parse(text, &cfg));
+  MOEKIT_RETURN_IF_ERROR(Tokenizer::load(dir + "/tokenizer.json", &tok));
+  if (tok.vocab_size() != cfg.vocab_size) {
+    return InvalidArgument("tokenizer.json: ", tok.vocab_size(), " tokens, config.json says vocab_size ", cfg.vocab_size);
+  }
+  SafetensorsFile f;
+  MOEKIT_RETURN_IF_ERROR(SafetensorsFile::open(dir + "/model.safetensors", &f));
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, E = cfg.num_experts, I = cfg.moe_intermediate_size;
+  const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+  MOEKIT_RETURN_IF_ERROR(load_f32(f, "model.embed_tokens.weight", {V, H}, &embed));
+  MOEKIT_RETURN_IF_ERROR(load_f32(f, "lm_head.weight", {V, H}, &lm_head));
+  MOEKIT_RETURN_IF_ERROR(load_f32(f, "model.norm.weight", {H}, &final_norm));
+  const char* moe_name = cfg.family == Family::mixtral ? "block_sparse_moe" : cfg.family == Family::deepseek ? "mlp" : "feed_forward";
+  layers.resize(size_t(cfg.num_hidden_layers));
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    Layer& L = layers[size_t(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "input_layernorm.weight", {H}, &L.in_norm));
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.q_proj.weight", {qd, H}, &L.wq));
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.k_proj.weight", {kd, H}, &L.wk));
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.v_proj.weight", {kd, H}, &L.wv));
+    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.o_proj.weight", {H, qd}, &L.wo));
+    const std::string m = p + moe_name + ".";
+    // Routed experts stacked: w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I].
+    std::vector<float> w1(size_t(E * 2 * I * H)), w2(size_t(E * H * I)), t;
+    if (cfg.family == Family::llama4) {
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, m + "router.weight", {E, H}, &L.router));
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, m + "experts.gate_up_proj", {E, H, 2 * I}, &t));  // x @ it = [gate | up]
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t n = 0; n < 2 * I; ++n) w1[size_t((e * 2 * I + n) * H + h)] = t[size_t((e * H + h) * 2 * I + n)];
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, m + "experts.down_proj", {E, I, H}, &t));  // a @ it
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = 0; i < I; ++i)
+          for (int64_t h = 0; h < H; ++h) w2[size_t((e * H + h) * I + i)] = t[size_t((e * I + i) * H + h)];
+    } else {
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, m + "gate.weight", {E, H}, &L.router));
+      const bool mx = cfg.family == Family::mixtral;
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        MOEKIT_RETURN_IF_ERROR(load_f32(f, x + (mx ? "w1.weight" : "gate_proj.weight"), {I, H}, &t));
+        std::copy(t.begin(), t.end(), w1.begin() + e * 2 * I * H);
+        MOEKIT_RETURN_IF_ERROR(load_f32(f, x + (mx ? "w3.weight" : "up_proj.weight"), {I, H}, &t));
+        std::copy(t.begin(), t.end(), w1.begin() + (e * 2 + 1) * I * H);
+        MOEKIT_RETURN_IF_ERROR(load_f32(f, x + (mx ? "w2.weight" : "down_proj.weight"), {H, I}, &t));
+        std::copy(t.begin(), t.end(), w2.begin() + e * H * I);
+      }
+      if (cfg.family == Family::deepseek) {
+        MOEKIT_RETURN_IF_ERROR(load_f32(f, m + "gate.e_score_correction_bias", {E}, &L.bias));
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(make_experts(w1, w2, int(E), int(2 * I), int(H), int(I), opts.scheme, &L.experts));
+    if (cfg.shared_expert) {
+      const std::string s = m + (cfg.family == Family::deepseek ? "shared_experts." : "shared_expert.");
+      std::vector<float> s1(size_t(2 * I * H)), s2;
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, s + "gate_proj.weight", {I, H}, &t));
+      std::copy(t.begin(), t.end(), s1.begin());
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, s + "up_proj.weight", {I, H}, &t));
+      std::copy(t.begin(), t.end(), s1.begin() + I * H);
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, s + "down_proj.weight", {H, I}, &s2));
+      MOEKIT_RETURN_IF_ERROR(make_experts(s1, s2, 1, int(2 * I), int(H), int(I), opts.scheme, &L.shared));
+    }
+  }
+  // Hugging Face: inv_freq = 1 / theta ^ (arange(0, hd, 2) / hd), all in f32.
+  inv_freq.resize(size_t(cfg.head_dim / 2));
+  for (int i = 0; i < cfg.head_dim / 2; ++i) {
+    inv_freq[size_t(i)] = 1.0f / std::pow(cfg.rope_theta, float(2 * i) / float(cfg.head_dim));
+  }
+  return Status::Ok();
+}
+
+// x[b] += experts(h[b]) routed by ids / weights [B, k] (on_input: the weight scales the expert input).
+Status MoeModel::Impl::run_experts(const Experts& ex, const std::vector<float>& h, int B, const int32_t* ids,
+                                   const float* w, int k, bool on_input, std::vector<float>* x) {
+  const int H = ex.H;
+  const DType xd = ex.dtype == DType::f32 ? DType::f32 : DType::bf16;
+  const int eb = dtype_size(xd);
+  std::vector<uint8_t> xin(size_t(B) * H * eb), out(size_t(B) * H * eb);
+  for (int64_t i = 0; i < int64_t(B) * H; ++i) store_from_f32(xin.data(), xd, i, h[size_t(i)]);
+  FusedMoeParams p;
+  p.x = TensorView::contiguous(xin.data(), xd, {B, H});
+  p.out = TensorView::contiguous(out.data(), xd, {B, H});
+  p.w1 = TensorView::contiguous(const_cast<uint8_t*>(ex.w1.data()), ex.dtype, {ex.E, ex.N1, H});
+  p.w2 = TensorView::contiguous(const_cast<uint8_t*>(ex.w2.data()), ex.dtype, {ex.E, H, ex.I});
+  p.topk_ids = TensorView::contiguous(const_cast<int32_t*>(ids), DType::i32, {B, k});
+  p.topk_weights = TensorView::contiguous(const_cast<float*>(w), DType::f32, {B, k});
+  p.weight_on_input = on_input;
+  if (ex.dtype == DType::fp8_e4m3fn) {
+    p.w1_scale = TensorView::contiguous(const_cast<float*>(ex.s1.data()), DType::f32, int(ex.s1_shape.size()),
+                                        ex.s1_shape.data());
+    p.w2_scale = TensorView::contiguous(const_cast<float*>(ex.s2.data()), DType::f32, int(ex.s2_shape.size()),
+                                        ex.s2_shape.data());
+    if (ex.block) p.scale_block_n = p.scale_block_k = kBlock;
+  }
+  const Kernel* kern = pick_kernel(OpKind::fused_moe, fused_moe_variant(p), opts.backend, &p);
+  if (kern == nullptr) {
+    return Unsupported("fused_moe: no ", backend_name(opts.backend), " kernel accepts the ",
+                       model_scheme_name(opts.scheme), " experts");
+  }
+  RunOptions o;
+  o.kernel = kern->name;
+  MOEKIT_RETURN_IF_ERROR(fused_moe(p, o));
+  for (int64_t i = 0; i < int64_t(B) * H; ++i) (*x)[size_t(i)] += load_as_f32(out.data(), xd, i);
+  return Status::Ok();
+}
+
+// x += moe(h): routing on f32 logits, then the routed experts and the shared one.
+Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, std::vector<float>* x) {
+  const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok;
+  std::vector<float> logits(size_t(B) * E), w(size_t(B) * k);
+  std::vector<int32_t> ids(size_t(B) * k);
+  for (int b = 0; b < B; ++b) matvec(L.router.data(), h.data() + int64_t(b) * H, E, H, logits.data() + int64_t(b) * E);
+  const TensorView gv = TensorView::contiguous(logits.data(), DType::f32, {B, E});
+  const TensorView wv = TensorView::contiguous(w.data(), DType::f32, {B, k});
+  const TensorView iv = TensorView::contiguous(ids.data(), DType::i32, {B, k});
+  RunOptions o;
+  const char* op = "";
+  Status st;
+  if (cfg.family == Family::mixtral) {
+    TopkSoftmaxParams p;
+    p.gating = gv, p.k = k, p.renormalize = true, p.topk_weights = wv, p.topk_ids = iv;
+    const Kernel* kern = pick_kernel(OpKind::topk_softmax, MoeVariant::none, opts.backend, &p);
+    op = "topk_softmax";
+    o.kernel = kern ? kern->name : nullptr;
+    st = kern ? topk_softmax(p, o) : Status::Ok();
+  } else if (cfg.family == Family::deepseek) {
+    GroupedTopkParams p;
+    p.gating = gv, p.k = k, p.n_group = cfg.n_group, p.topk_group = cfg.topk_group, p.scoring = Scoring::sigmoid;
+    p.correction_bias = TensorView::contiguous(const_cast<float*>(L.bias.data()), DType::f32, {E});
+    p.renormalize = true, p.routed_scaling_factor = cfg.routed_scaling_factor, p.topk_weights = wv, p.topk_ids = iv;
+    const Kernel* kern = pick_kernel(OpKind::grouped_topk, MoeVariant::none, opts.backend, &p);
+    op = "grouped_topk";
+    o.kernel = kern ? kern->name : nullptr;
+    st = kern ? grouped_topk(p, o) : Status::Ok();
+  } else {
+    SigmoidTopkParams p;
+    p.gating = gv, p.k = k, p.topk_weights = wv, p.topk_ids = iv;
+    const Kernel* kern = pick_kernel(OpKind::sigmoid_topk, MoeVariant::none, opts.backend, &p);
+    op = "sigmoid_topk";
+    o.kernel = kern ? kern->name : nullptr;
+    st = kern ? sigmoid_topk(p, o) : Status::Ok();
+  }
+  if (o.kernel == nullptr) return Unsupported(op, ": no ", backend_name(opts.backend), " kernel accepts the router");
+  MOEKIT_RETURN_IF_ERROR(st);
+  const bool on_input = cfg.family == Family::llama4;
+  MOEKIT_RETURN_IF_ERROR(run_experts(L.experts, h, B, ids.data(), w.data(), k, on_input, x));
+  if (cfg.shared_expert) {
+    const std::vector<int32_t> zero(size_t(B), 0);
+    const std::vector<float> one(size_t(B), 1.0f);
+    MOEKIT_RETURN_IF_ERROR(run_experts(L.shared, h, B, zero.data(), one.data(), 1, false, x));
+  }
+  return Status::Ok();
+}
+
+Status MoeModel::Impl::step(const std::vector<Seq*>& seqs, const std::vector<int32_t>& tokens,
+                            std::vector<float>* logits) {
+  const int B = int(seqs.size()), H = cfg.hidden_size, V = cfg.vocab_size, hd = cfg.head_dim;
+  const int nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, rep = nh / nkv;
+  const int qd = nh * hd, kd = nkv * hd;
+  for (int b = 0; b < B; ++b) {
+    if (tokens[size_t(b)] < 0 || tokens[size_t(b)] >= V) return InvalidArgument("token id ", tokens[size_t(b)], " outside [0, ", V, ")");
+    if (seqs[size_t(b)]->pos >= cfg.max_position_embeddings) {
+      return InvalidArgument("position ", seqs[size_t(b)]->pos, " reaches max_position_embeddings ", cfg.max_position_embeddings);
+    }
+  }
+  std::vector<float> x(size_t(B) * H), h(size_t(B) * H), q(static_cast<size_t>(qd)), kv(size_t(2) * kd),
+      o(static_cast<size_t>(qd)), y(static_cast<size_t>(H));
+  for (int b = 0; b < B; ++b) std::copy_n(embed.data() + int64_t(tokens[size_t(b)]) * H, H, x.data() + int64_t(b) * H);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Layer& L = layers[l];
+    for (int b = 0; b < B; ++b) {
+      Seq& s = *seqs[size_t(b)];
+      float* xb = x.data() + int64_t(b) * H;
+      float* hb = h.data() + int64_t(b) * H;
+      rmsnorm(xb, L.in_norm.data(), H, cfg.rms_norm_eps, hb);
+      matvec(L.wq.data(), hb, qd, H, q.data());
+      matvec(L.wk.data(), hb, kd, H, kv.data());
+      matvec(L.wv.data(), hb, kd, H, kv.data() + kd);
+      // RoPE (rotate-half: dim i pairs with i + hd / 2, both at angle pos * inv_freq[i]).
+      auto rope = [&](float* v, int heads) {
+        for (int hh = 0; hh < heads; ++hh) {
+          float* r = v + int64_t(hh) * hd;
+          for (int i = 0; i < hd / 2; ++i) {
+            const float a = float(s.pos) * inv_freq[size_t(i)], c = std::cos(a), sn = std::sin(a);
+            const float x1 = r[i], x2 = r[i + hd / 2];
+            r[i] = x1 * c - x2 * sn;
+            r[i + hd / 2] = x2 * c + x1 * sn;
+          }
+        }
+      };
+      rope(q.data(), nh);
+      rope(kv.data(), nkv);
+      s.k[l].insert(s.k[l].end(), kv.begin(), kv.begin() + kd);
+      s.v[l].insert(s.v[l].end(), kv.begin() + kd, kv.end());
+      const int n = s.pos + 1;
+      std::vector<float> p(static_cast<size_t>(n));
+      for (int hh = 0; hh < nh; ++hh) {
+        const int g = hh / rep;
+        const float* qh = q.data() + int64_t(hh) * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; ++j) {
+          const float* kj = s.k[l].data() + int64_t(j) * kd + int64_t(g) * hd;
+          float d = 0.0f;
+          for (int i = 0; i < hd; ++i) d += qh[i] * kj[i];
+          p[size_t(j)] = d * scale;
+          mx = std::max(mx, p[size_t(j)]);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < n; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+        float* oh = o.data() + int64_t(hh) * hd;
+        std::fill(oh, oh + hd, 0.0f);
+        for (int j = 0; j < n; ++j) {
+          const float* vj = s.v[l].data() + int64_t(j) * kd + int64_t(g) * hd;
+          const float pj = p[size_t(j)] / sum;
+          for (int i = 0; i < hd; ++i) oh[i] += pj * vj[i];
+        }
+      }
+      matvec(L.wo.data(), o.data(), H, qd, y.data());
+      for (int i = 0; i < H; ++i) xb[i] += y[size_t(i)];
+      rmsnorm(xb, L.post_norm.data(), H, cfg.rms_norm_eps, hb);
+    }
+    MOEKIT_RETURN_IF_ERROR(moe(L, h, B, &x));
+  }
+  logits->resize(size_t(B) * V);
+  for (int b = 0; b < B; ++b) {
+    rmsnorm(x.data() + int64_t(b) * H, final_norm.data(), H, cfg.rms_norm_eps, h.data());
+    matvec(lm_head.data(), h.data(), V, H, logits->data() + int64_t(b) * V);
+    ++seqs[size_t(b)]->pos;
+  }
+  return Status::Ok();
+}
+
+MoeModel::MoeModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MoeModel::~MoeModel() = default;
+const ModelConfig& MoeModel::config() const { return impl_->cfg; }
+const Tokenizer& MoeModel::tokenizer() const { return impl_->tok; }
+
+Status MoeModel::load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out) {
+  if (opts.backend != Backend::ref && opts.backend != Backend::cpu) {
+    return Unsupported("model runner: backend ", backend_name(opts.backend), " (this runner does ref and cpu)");
+  }
+  MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
+  auto impl = std::make_unique<Impl>();
+  impl->opts = opts;
+  const Status s = impl->load(dir);
+  if (!s.ok()) return InvalidArgument(dir, ": ", s.message());
+  out->reset(new MoeModel(std::move(impl)));
+  return Status::Ok();
+}
+
+Status MoeModel::logits(const std::vector<int32_t>& ids, std::vector<float>* logits) {
+  Impl::Seq s = impl_->new_seq();
+  const int V = impl_->cfg.vocab_size;
+  std::vector<float> all, one;
+  all.reserve(ids.size() * size_t(V));
+  for (int32_t t : ids) {
+    MOEKIT_RETURN_IF_ERROR(impl_->step({&s}, {t}, &one));
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  *logits = std::move(all);
+  return Status::Ok();
+}
+
+Status MoeModel::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
+                          std::vector<std::vector<int32_t>>* out,
+                          const std::function<void(size_t, size_t)>& progress) {
+  if (batch < 1) return InvalidArgument("batch: must be >= 1, got ", batch);
+  if (max_new < 0) return InvalidArgument("max_new: must be >= 0, got ", max_new);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) return InvalidArgument("prompts[", i, "]: empty (include bos)");
+  }
+  const ModelConfig& c = impl_->cfg;
+  std::vector<std::vector<int32_t>> result(prompts.size());
+  for (size_t c0 = 0; c0 < prompts.size(); c0 += size_t(batch)) {
+    const size_t n = std::min(prompts.size() - c0, size_t(batch));
+    std::vector<Impl::Seq> seqs(n, impl_->new_seq());
+    std::vector<bool> done(n, false);
+    while (true) {
+      std::vector<Impl::Seq*> live;
+      std::vector<int32_t> toks;
+      std::vector<size_t> idx;
+      for (size_t i = 0; i < n; ++i) {
+        if (done[i]) continue;
+        const std::vector<int32_t>& pr = prompts[c0 + i];
+        const int pos = seqs[i].pos;
+        live.push_back(&seqs[i]);
+        toks.push_back(pos < int(pr.size()) ? pr[size_t(pos)] : result[c0 + i].back());
+        idx.push_back(i);
+      }
+      if (live.empty()) break;
+      std::vector<float> logits;
+      MOEKIT_RETURN_IF_ERROR(impl_->step(live, toks, &logits));
+      for (size_t j = 0; j < idx.size(); ++j) {
+        const size_t i = idx[j];
+        const int pos = seqs[i].pos;  // already advanced
+        if (pos < int(prompts[c0 + i].size())) continue;  // still reading the prompt
+        const float* lg = logits.data() + j * size_t(c.vocab_size);
+        const int32_t next = int32_t(std::max_element(lg, lg + c.vocab_size) - lg);  // first max = lowest id
+        std::vector<int32_t>& r = result[c0 + i];
+        if (next == c.eos_token_id || max_new == 0) {
+          done[i] = true;
+          continue;
+        }
+        r.push_back(next);
+        if (int(r.size()) >= max_new || pos >= c.max_position_embeddings) done[i] = true;
+      }
+    }
+    if (progress) progress(c0 + n, prompts.size());
+  }
+  *out = std::move(result);
+  return Status::Ok();
+}
+
+}  // namespace moekit::model
