@@ -41,6 +41,18 @@ inline void expect_matches_oracle(MoeProblem& prob, const RunOptions& opts = {})
   EXPECT_TRUE(run_against_oracle(prob, opts, &detail)) << detail;
 }
 
+// Routes consecutive (token, slot) entries of prob to experts 0, 1, ... with counts[e] entries each
+// (the counts must cover every entry), then refreshes the touched-expert weights.
+inline void assign_expert_rows(MoeProblem* prob, const std::vector<int>& counts) {
+  int32_t* ids = prob->topk_ids.data<int32_t>();
+  int64_t t = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    for (int n = 0; n < counts[e]; ++n) ids[t++] = int32_t(e);
+  }
+  ASSERT_EQ(t, prob->topk_ids.numel());
+  update_touched(prob);
+}
+
 // Every case of a harness hook's answer passed (and there is at least one).
 inline void expect_all_ok(const std::vector<CaseResult>& results) {
   EXPECT_FALSE(results.empty());

@@ -314,14 +314,7 @@ TEST(FusedMoeSm90Grouped, RowsAroundTheM16CutsOf64RowTiles) {
   // experts with 16, 17, 32, 33 and 1 rows, expert 5 empty.
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(99, 6) == 64, "covers the BM = 64 tiles");
   MoeProblem prob = make(small_shape(Scheme::bf16, 99, 6, 1, 128, 128));
-  const int counts[5] = {16, 17, 32, 33, 1};
-  int32_t* ids = prob.topk_ids.data<int32_t>();
-  int64_t t = 0;
-  for (int e = 0; e < 5; ++e) {
-    for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
-  }
-  ASSERT_EQ(t, prob.topk_ids.numel());
-  update_touched(&prob);
+  moe_test::assign_expert_rows(&prob, {16, 17, 32, 33, 1});
   expect_matches_ref(prob);
 }
 
@@ -392,14 +385,7 @@ TEST(FusedMoeSm90Grouped, TailTilesAndSplitKGemm2) {
   static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 640 / 64) == 2, "two K ranges");
   for (int inter : {384, 640}) {
     MoeProblem prob = make(small_shape(Scheme::bf16, 451, 6, 1, 192, inter));
-    const int counts[5] = {64, 65, 1, 192, 129};
-    int32_t* ids = prob.topk_ids.data<int32_t>();
-    int64_t t = 0;
-    for (int e = 0; e < 5; ++e) {
-      for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
-    }
-    ASSERT_EQ(t, prob.topk_ids.numel());
-    update_touched(&prob);
+    moe_test::assign_expert_rows(&prob, {64, 65, 1, 192, 129});
     expect_matches_ref(prob);
   }
 }

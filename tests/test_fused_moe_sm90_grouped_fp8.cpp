@@ -97,14 +97,7 @@ TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
   SKIP_WITHOUT_KERNEL();
   static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
   MoeProblem prob = make(small_shape(Scheme::fp8_channel, 451, 6, 1, 384, 1024));
-  const int counts[5] = {64, 65, 1, 192, 129};
-  int32_t* ids = prob.topk_ids.data<int32_t>();
-  int64_t t = 0;
-  for (int e = 0; e < 5; ++e) {
-    for (int n = 0; n < counts[e]; ++n) ids[t++] = e;
-  }
-  ASSERT_EQ(t, prob.topk_ids.numel());
-  update_touched(&prob);
+  moe_test::assign_expert_rows(&prob, {64, 65, 1, 192, 129});
   expect_matches_ref(prob);
 }
 

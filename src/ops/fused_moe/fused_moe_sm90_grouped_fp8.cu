@@ -23,6 +23,7 @@
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
+#include "ops/fused_moe/fused_moe_sm90_small_m.h"
 
 namespace moekit::cuda {
 namespace grouped {
@@ -339,15 +340,6 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
   return last_launch("fused_moe_sm90_grouped_fp8 reduce");
 }
 
-Status check_fp8_scale(const TensorView& s, const char* name, int64_t E, int64_t N) {
-  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
-  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
-  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
-  if (s.ndim == 1 && s.shape[0] == E) return Status::Ok();
-  if ((s.ndim == 2 || (s.ndim == 3 && s.shape[2] == 1)) && s.shape[0] == E && s.shape[1] == N) return Status::Ok();
-  return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
-}
-
 }  // namespace
 }  // namespace grouped
 
@@ -371,8 +363,9 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
                        p.scale_block_k);
   }
   const MoeDims d = moe_dims(p);
-  MOEKIT_RETURN_IF_ERROR(grouped::check_fp8_scale(p.w1_scale, "w1_scale", d.E, d.N1));
-  MOEKIT_RETURN_IF_ERROR(grouped::check_fp8_scale(p.w2_scale, "w2_scale", d.E, d.H));
+  bool rows1 = false, rows2 = false;  // each scale per tensor or per row, independently
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows1));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &rows2));
   if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (fp8 K slice), got ", d.H);
   if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (fp8 K slice), got ", d.I);
   if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);

@@ -537,21 +537,6 @@ Status run_fp8_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
 }
 
 // Scale tensors of the fp8 variants: [E] (per tensor) or [E, N] / [E, N, 1] (per row), f32, device.
-Status check_scale(const TensorView& s, const char* name, int64_t E, int64_t N, bool* per_row) {
-  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
-  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
-  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
-  if (s.ndim == 1 && s.shape[0] == E) {
-    *per_row = false;
-    return Status::Ok();
-  }
-  if ((s.ndim == 2 || (s.ndim == 3 && s.shape[2] == 1)) && s.shape[0] == E && s.shape[1] == N) {
-    *per_row = true;
-    return Status::Ok();
-  }
-  return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
-}
-
 Status supports_fp8_impl(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
                                          {"topk_weights", &p.topk_weights}, {"out", &p.out},
@@ -573,8 +558,8 @@ Status supports_fp8_impl(const FusedMoeParams& p) {
   }
   const MoeDims d = moe_dims(p);
   bool r1 = false, r2 = false;
-  MOEKIT_RETURN_IF_ERROR(check_scale(p.w1_scale, "w1_scale", d.E, d.N1, &r1));
-  MOEKIT_RETURN_IF_ERROR(check_scale(p.w2_scale, "w2_scale", d.E, d.H, &r2));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &r1));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &r2));
   if (r1 != r2) return Unsupported("w1_scale/w2_scale: both per-tensor or both per-row");
   if (d.H % 16 != 0 || d.I % 16 != 0) {
     return Unsupported("H = ", d.H, ", I = ", d.I, ": both must be multiples of 16 (16 fp8 codes per vector)");
@@ -670,7 +655,7 @@ Status run_any(const FusedMoeParams& p, const RunContext& ctx, bool fp8) {
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   if (fp8) {
     bool rows = false;
-    MOEKIT_RETURN_IF_ERROR(check_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows));
+    MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows));
     a.w1s = p.w1_scale.ptr<const float>();
     a.w2s = p.w2_scale.ptr<const float>();
     a.a1s = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
@@ -692,6 +677,21 @@ Status run_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any
 Status run_fp8_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, true); }
 
 }  // namespace
+
+Status check_fp8_weight_scale(const TensorView& s, const char* name, int64_t E, int64_t N, bool* per_row) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim == 1 && s.shape[0] == E) {
+    *per_row = false;
+    return Status::Ok();
+  }
+  if ((s.ndim == 2 || (s.ndim == 3 && s.shape[2] == 1)) && s.shape[0] == E && s.shape[1] == N) {
+    *per_row = true;
+    return Status::Ok();
+  }
+  return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
+}
 
 Status fused_moe_small_m_supports(const FusedMoeParams& p) { return supports_impl(p); }
 Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p) { return supports_fp8_impl(p); }
