@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "moekit/ops/layout.h"
 #include "moekit/ops/quant.h"
@@ -174,13 +175,29 @@ void update_touched(MoeProblem* p) {
     if (ids[i] >= 0 && ids[i] < p->shape.E && local[size_t(ids[i])] >= 0) p->touched[size_t(local[size_t(ids[i])])] = true;
   }
   p->filled.resize(size_t(p->E), false);
+  std::vector<int64_t> todo;
   for (int64_t e = 0; e < p->E; ++e) {
-    if (!p->touched[size_t(e)] || p->filled[size_t(e)]) continue;
-    const int bk = p->opts.block_k > 0 ? p->opts.block_k : p->opts.block;
-    fill_expert(p->w1, p->w1_scale, p->shape.scheme, p->opts.block, bk, p->seed, 1, e);
-    fill_expert(p->w2, p->w2_scale, p->shape.scheme, p->opts.block, bk, p->seed, 2, e);
-    p->filled[size_t(e)] = true;
+    if (p->touched[size_t(e)] && !p->filled[size_t(e)]) todo.push_back(e);
   }
+  // NOTE: experts are filled on several threads (full-size presets generate up to 11 G weights);
+  // each expert's values depend only on (seed, e), and every thread writes its own experts' rows
+  // and scales, so the result does not depend on the thread count.
+  const int bk = p->opts.block_k > 0 ? p->opts.block_k : p->opts.block;
+  const size_t nt = std::min<size_t>(todo.size(), std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  auto work = [&](size_t first) {
+    for (size_t i = first; i < todo.size(); i += nt) {
+      fill_expert(p->w1, p->w1_scale, p->shape.scheme, p->opts.block, bk, p->seed, 1, todo[i]);
+      fill_expert(p->w2, p->w2_scale, p->shape.scheme, p->opts.block, bk, p->seed, 2, todo[i]);
+    }
+  };
+  if (todo.size() < 4) {
+    for (size_t t = 0; t < nt; ++t) work(t);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < nt; ++t) threads.emplace_back(work, t);
+    for (std::thread& th : threads) th.join();
+  }
+  for (int64_t e : todo) p->filled[size_t(e)] = true;
 }
 
 Status make_moe_problem(const MoeShape& s, const MoeProblemOptions& o, uint64_t seed, MoeProblem* out) {
