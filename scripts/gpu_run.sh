@@ -58,10 +58,18 @@ if has sanitize; then
 fi
 
 if has bench; then
+  # bf16: every CUDA kernel of the variant; fp8 (SCHEMES, default fp8_tensor): the auto kernel only
+  # (small_m fp8 at large T takes seconds per call).
   for m in mixtral deepseek-v3 qwen3-moe; do
     timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
       --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
     say "bench $m rc=$?"
+    for sc in ${FP8_SCHEMES:-fp8_tensor}; do
+      timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+        --scheme "$sc" --kernel fused_moe_sm90_fp8_row --iters ${BENCH_ITERS:-30} --json \
+        > "$OUT/bench_${m}_$sc.json" 2> "$OUT/bench_${m}_$sc.err"
+      say "bench $m $sc rc=$?"
+    done
   done
   python3 - "$OUT" <<'PY' | tee -a "$S"
 import csv, json, sys, glob, os
@@ -69,7 +77,7 @@ out = sys.argv[1]
 rows = []
 for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
     try:
-        rows += [dict(r, model=os.path.basename(f)[6:-5]) for r in json.load(open(f))]
+        rows += [dict(r, model=os.path.basename(f)[6:-5].split("_")[0]) for r in json.load(open(f))]
     except Exception as e:
         print(f"{f}: {e}")
 keys = ["model", "kernel", "scheme", "tokens", "time_us", "tflops", "gbps", "mem_floor_us",
