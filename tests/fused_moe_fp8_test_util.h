@@ -23,13 +23,14 @@ inline std::string cuda_kernel_unavailable(const char* kernel) {
   return st.ok() ? "" : "CUDA backend unavailable: " + st.to_string();
 }
 
-// The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input) on device
-// copies of prob's tensors against the fp8 ref kernel on the host; outputs must be finite.
+// The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input of a per-row /
+// per-tensor problem; block-scaled problems always run row_kernel) on device copies of prob's
+// tensors against the fp8 ref kernel of the problem's variant on the host; outputs must be finite.
 inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel, const char* tkw1_kernel) {
   FusedMoeParams p = prob.params();
-  const bool tkw1 = p.weight_on_input;
+  const bool tkw1 = p.weight_on_input, block = p.scale_block_n > 0;
   RunOptions ro;
-  ro.kernel = tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
+  ro.kernel = block ? "fused_moe_ref_fp8_block" : tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
   prob.out.fill_bytes(0xFF);
   const Status rs = fused_moe(p, ro);
   ASSERT_TRUE(rs.ok()) << rs.to_string();
@@ -43,7 +44,7 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
     }
     ASSERT_TRUE(dev.output(&p.out).ok());
     RunOptions opts;
-    opts.kernel = tkw1 ? tkw1_kernel : row_kernel;
+    opts.kernel = tkw1 && !block ? tkw1_kernel : row_kernel;
     size_t ws = 0;
     ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
     ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
@@ -56,7 +57,7 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
   for (double v : actual) ASSERT_TRUE(std::isfinite(v));
   Metrics m;
   std::string detail;
-  const MoeVariant v = tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
+  const MoeVariant v = block ? MoeVariant::fp8_block : tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
   EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H,
                         moe_tolerance(v, prob.x_dtype, MoeCompare::kernel_vs_ref), &m, &detail))
       << detail << " | worst " << m.worst;

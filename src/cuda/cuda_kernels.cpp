@@ -26,6 +26,7 @@ void register_cuda_kernels(Registry& r) {
   register_fused_moe_sm90_grouped(r);
   register_fused_moe_sm90_bf16(r);
   register_fused_moe_sm90_grouped_fp8(r);
+  register_fused_moe_sm90_grouped_fp8_block(r);
   register_fused_moe_sm90_fp8(r);
 }
 

@@ -137,6 +137,30 @@ struct WgmmaOp<__nv_fp8_e4m3> {
 };
 #undef MOEKIT_WG_OPERANDS
 #undef MOEKIT_WG_REGS
+
+// fp8 m64n128k32 (64 f32 accumulators per thread, d[j][q] as above with j < 16); `accumulate` = 0
+// overwrites d (D = A . B^T), 1 adds. For the block-scaled kernel, which promotes each 128-wide K
+// slice's partial sums into separate accumulators (fused_moe_sm90_grouped_fp8_block.cu).
+#define MOEKIT_WG64_REGS \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MOEKIT_WG64_OPERANDS \
+  MOEKIT_WG_D4(0), MOEKIT_WG_D4(1), MOEKIT_WG_D4(2), MOEKIT_WG_D4(3), \
+  MOEKIT_WG_D4(4), MOEKIT_WG_D4(5), MOEKIT_WG_D4(6), MOEKIT_WG_D4(7), \
+  MOEKIT_WG_D4(8), MOEKIT_WG_D4(9), MOEKIT_WG_D4(10), MOEKIT_WG_D4(11), \
+  MOEKIT_WG_D4(12), MOEKIT_WG_D4(13), MOEKIT_WG_D4(14), MOEKIT_WG_D4(15)
+__device__ __forceinline__ void wgmma_fp8_n128(float (&d)[16][4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" MOEKIT_WG64_REGS
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : MOEKIT_WG64_OPERANDS
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+#undef MOEKIT_WG64_OPERANDS
+#undef MOEKIT_WG64_REGS
 #undef MOEKIT_WG_D4
 
 // acc = A . B^T over K (K % 64 == 0) for the 128 x 256 tile; `smem` (1024-byte aligned) holds

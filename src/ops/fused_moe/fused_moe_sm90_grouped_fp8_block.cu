@@ -1,0 +1,489 @@
+// fused_moe_sm90_grouped_fp8_block: the fp8 128 x 128 block-scaled fused_moe (SPEC 3.3, DeepSeek-V3;
+// with the router weight on the input too, k == 1) on sm_90a fp8 tensor cores, all token counts.
+//
+// Launches on ctx.stream, no host synchronisation, no allocation (CUDA-graph capturable):
+//   1. route      the routing kernel of the grouped path (BM 128 tiles).
+//   2. quant x    one block per expert-ordered row: x[token] quantized per 1 x 128 group exactly as
+//                 the reference (s = max(amax, 1e-12) / 448 per group, codes e4m3fn(v / s)).
+//   3. gemm1      persistent TMA + wgmma kernel (the stage ring and schedule of
+//                 fused_moe_sm90_grouped_tma.cuh) on 128 x 128 tiles: per 128-wide K slice (= one
+//                 scale block) each consumer warpgroup runs wgmma m64n128k32 into temporary
+//                 accumulators, then promotes them into its f32 accumulators times a_scale[row, kb] *
+//                 w_scale[e, nb, kb] (the reference's block_row_dot order). N tile: 64 gate + 64 up
+//                 columns (g1u1) or 128 (g1u0); a = act(w g) * (w u) in f32 -> workspace.
+//   4. quant a    a re-quantized per (row, 128-group).
+//   5. gemm2      the same mainloop on a (N tile: 128 columns of H); y in f32.
+//   6. reduce     out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
+// Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
+// scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
+// Resources: 64 + 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
+// ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes).
+// Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_utils.h"
+#include "cuda/tensor_map.h"
+#include "moekit/core/dtype.h"
+#include "moekit/ops/quant.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
+#include "ops/fused_moe/fused_moe_sm90_small_m.h"
+
+namespace moekit::cuda {
+namespace grouped {
+namespace {
+
+constexpr int kBlk = 128;                                  // scale block (N and K) = one K slice of codes
+constexpr uint32_t kBoxBytes = 64 * 128;                   // one 64-row B box of 128 codes
+constexpr uint32_t kBlkStageBytes = kWsABytes + 2 * kBoxBytes;  // 32 KiB
+constexpr int kQThreads = 256;
+constexpr size_t kAlignB = 256;
+
+// ---------------------------------------------------------------- workspace layout
+struct BlkLayout {
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
+  int64_t tk, tiles_max;
+};
+
+BlkLayout blk_layout_of(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  BlkLayout l{};
+  l.tk = d.T * d.k;
+  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + kAlignB - 1) / kAlignB * kAlignB;
+    return at;
+  };
+  const size_t tk = size_t(l.tk);
+  l.local = take(size_t(d.Eg) * 4);
+  l.offsets = take(size_t(d.E + 1) * 4);
+  l.row_entry = take(tk * 4);
+  l.slot_row = take(tk * 4);
+  l.tile_expert = take(size_t(l.tiles_max) * 4);
+  l.tile_row0 = take(size_t(l.tiles_max) * 4);
+  l.num_tiles = take(4);
+  l.xq = take(tk * size_t(d.H));
+  l.sx = take(tk * size_t(d.H / kBlk) * 4);
+  l.a = take(tk * size_t(d.I) * 4);
+  l.aq = take(tk * size_t(d.I));
+  l.sa = take(tk * size_t(d.I / kBlk) * 4);
+  l.y = take(tk * size_t(d.H) * 4);
+  l.total = off + kAlignB;
+  return l;
+}
+
+// ---------------------------------------------------------------- per-group quantizer
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, float (&f)[4]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+__device__ __forceinline__ void load4(const __half* p, float (&f)[4]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+__device__ __forceinline__ void load4(const float* p, float (&f)[4]) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+}
+
+// One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k], or src row r
+// without row_entry) -> n codes q[r] and n / 128 group scales scale[r, g]; warp w takes groups w,
+// w + 8, ..., each lane 4 consecutive values. n % 128 == 0.
+template <class S>
+__global__ void __launch_bounds__(kQThreads)
+    quant_groups_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
+                        int n, uint8_t* q, float* scale) {
+  const int r = blockIdx.x;
+  if (r >= offsets[E]) return;
+  const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = n / kBlk;
+  for (int g = warp; g < G; g += kQThreads / 32) {
+    float f[4];
+    load4(v + g * kBlk + lane * 4, f);
+    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+    uint32_t codes = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) codes |= uint32_t(f32_to_e4m3fn_bits(f[i] / s)) << (8 * i);
+    *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kBlk + lane * 4) = codes;
+    if (lane == 0) scale[int64_t(r) * G + g] = s;
+  }
+}
+
+// ---------------------------------------------------------------- mainloop
+__device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+// Producer (one thread): K slices of A rows [row0, row0 + 128) and the two 64-row B boxes at
+// b_row0 / b_row1, for one tile.
+__device__ __forceinline__ void blk_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
+                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
+    const uint32_t full = sm.full(ring.s);
+    mbar_arrive_expect_tx(full, kBlkStageBytes);
+    tma_load_2d(sm.a(ring.s), ma, kt * kBlk, row0, full);
+    tma_load_2d(sm.b(ring.s), mb, kt * kBlk, b_row0, full);
+    tma_load_2d(sm.b(ring.s) + kBoxBytes, mb, kt * kBlk, b_row1, full);
+    ring.next();
+  }
+}
+
+// Scales a consumer thread applies per K slice kt: its two rows' activation scales (nullptr: a
+// padding row past the rows, treated as 0) and the weight scales of the tile's low (columns 0..63)
+// and high (64..127) halves; each row of KT values.
+struct BlkScales {
+  const float* row0;
+  const float* row1;
+  const float* lo;
+  const float* hi;
+};
+
+// Consumer warpgroup wg: acc (rows 64 wg.. of the tile, 128 columns) = sum over K slices of the
+// slice's wgmma partial sums times a_scale * w_scale.
+__device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, const BlkScales& sc,
+                                                 float (&acc)[16][4]) {
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t a_off = uint32_t(wg) * 64 * 128;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+  float tmp[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;  // overwritten by the first wgmma (scale-d 0)
+  for (int kt = 0; kt < KT; ++kt) {
+    const float s0 = sc.row0 != nullptr ? sc.row0[kt] : 0.0f, s1 = sc.row1 != nullptr ? sc.row1[kt] : 0.0f;
+    const float lo = sc.lo[kt], hi = sc.hi[kt];
+    mbar_wait(sm.full(ring.s), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
+    fence_regs(tmp);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(tmp, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(tmp);
+    if (leader) mbar_arrive(sm.empty(ring.s));
+    ring.next();
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float c = j < 8 ? lo : hi;
+      const float f0 = s0 * c, f1 = s1 * c;
+      acc[j][0] += tmp[j][0] * f0;
+      acc[j][1] += tmp[j][1] * f0;
+      acc[j][2] += tmp[j][2] * f1;
+      acc[j][3] += tmp[j][3] * f1;
+    }
+  }
+}
+
+struct BlkArgs {
+  const int32_t* offsets;   // routing outputs
+  const int32_t* tile_expert;
+  const int32_t* tile_row0;
+  const int32_t* num_tiles;
+  const int32_t* row_entry;
+  const float* weights;     // [T*k] router weights (weight_on_input only)
+  const float* a_scale;     // [Tk, K / 128] group scales of A's rows
+  const float* w_scale;     // [E, N / 128, K / 128]
+  float* out;               // gemm1: a [Tk, I]; gemm2: y [Tk, H]
+  int H, I, tk;
+  bool weight_on_input;
+};
+
+// The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b0, b1),
+// wblocks(m, n, lo_block, hi_block) -> the weight scale rows, epi(m, n, acc).
+template <class Boxes, class WBlocks, class Epi>
+__device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
+                                        const BlkArgs& p, int n_tiles, int K, int N, Boxes boxes, WBlocks wblocks,
+                                        Epi epi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
+  WsRing ring;
+  if (warp == kWsConsumerWarps) {  // producer
+    if (lane != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int m, n, row0, b0, b1;
+      ws_tile(t, num_m, n_tiles, m, n);
+      boxes(m, n, row0, b0, b1);
+      blk_produce_tile(sm, ring, ma, mb, row0, b0, b1, KT);
+    }
+    return;
+  }
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int m, n, blo, bhi;
+    ws_tile(t, num_m, n_tiles, m, n);
+    wblocks(m, n, blo, bhi);
+    const int e = p.tile_expert[m], r0 = p.tile_row0[m] + warp * 16 + (lane >> 2);
+    const float* ws = p.w_scale + int64_t(e) * NB * KT;
+    BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT : nullptr,
+                 r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT : nullptr, ws + int64_t(blo) * KT,
+                 ws + int64_t(bhi) * KT};
+    float acc[16][4];
+    blk_consume_tile(sm, ring, warp >> 2, KT, sc, acc);
+    epi(m, n, acc);
+  }
+}
+
+// gemm1: ma = xq [Tk, H], mb = w1 as [E * N1, H] (boxes of 64 rows): g1u1 N tile = gate rows
+// [i0, i0 + 64) + up rows [I + i0, ...), i0 = 64 n; g1u0: rows [i0, i0 + 128), i0 = 128 n.
+template <bool G1U1, Activation A>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? 64 : 128;
+  blk_run(
+      sm, &ma, &mb, p, n_tiles, p.H, n1,
+      [&](int m, int n, int& row0, int& b0, int& b1) {
+        const int e = p.tile_expert[m], i0 = n * nb;
+        row0 = p.tile_row0[m];
+        b0 = e * n1 + i0;
+        b1 = G1U1 ? e * n1 + p.I + i0 : b0 + 64;
+      },
+      [&](int, int n, int& lo, int& hi) {
+        const int i0 = n * nb;
+        lo = i0 / kBlk;
+        hi = G1U1 ? (p.I + i0) / kBlk : lo;
+      },
+      [&](int m, int n, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          const int row = row0 + rl;
+          const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+          float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+          if constexpr (G1U1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float g0 = acc[j][2 * h] * w, g1 = acc[j][2 * h + 1] * w;
+              const float u0 = acc[j + 8][2 * h] * w, u1 = acc[j + 8][2 * h + 1] * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              *reinterpret_cast<float2*>(orow + 8 * j) =
+                  make_float2(act<A>(acc[j][2 * h] * w), act<A>(acc[j][2 * h + 1] * w));
+            }
+          }
+        }
+      });
+}
+
+// gemm2: ma = aq [Tk, I], mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H rows [h0, h0 + 128).
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  blk_run(
+      sm, &ma, &mb, p, n_tiles, p.I, p.H,
+      [&](int m, int n, int& row0, int& b0, int& b1) {
+        row0 = p.tile_row0[m];
+        b0 = p.tile_expert[m] * p.H + n * kBlk;
+        b1 = b0 + 64;
+      },
+      [&](int, int n, int& lo, int& hi) { lo = hi = n; },
+      [&](int m, int n, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBlk;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          float* yrow = p.out + int64_t(row0 + rl) * p.H + h0 + c0;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+          }
+        }
+      });
+}
+
+// ---------------------------------------------------------------- host side
+template <class TT>
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  const BlkLayout l = blk_layout_of(p);
+  auto* base = static_cast<unsigned char*>(ctx.workspace);
+  base += (kAlignB - reinterpret_cast<uintptr_t>(base) % kAlignB) % kAlignB;
+  auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto fat = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
+
+  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
+               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
+               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
+               at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert), at(l.tile_row0),
+               at(l.num_tiles), int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), 128};
+  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block route"));
+  quant_groups_kernel<TT><<<unsigned(l.tk), kQThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
+                                                               at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
+                                                               int(d.H), base + l.xq, fat(l.sx));
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block quant x"));
+
+  CUtensorMap ma1, mb1, ma2, mb2;
+  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, base + l.xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H),
+                                              128, "fused_moe_sm90_grouped_fp8_block xq"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), uint64_t(d.H),
+                                              uint64_t(d.H), 64, "fused_moe_sm90_grouped_fp8_block w1"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, base + l.aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I),
+                                              128, "fused_moe_sm90_grouped_fp8_block aq"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
+                                              uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8_block w2"));
+  int dev = 0, sms = 0;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped_fp8_block: cudaGetDevice"));
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                                    "fused_moe_sm90_grouped_fp8_block: cudaDeviceGetAttribute"));
+  auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
+
+  BlkArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
+             p.topk_weights.ptr<const float>(), fat(l.sx), p.w1_scale.ptr<const float>(), fat(l.a), int(d.H), int(d.I),
+             int(l.tk), p.weight_on_input};
+  const int n_tiles1 = int(d.g1u1 ? d.I / 64 : d.I / kBlk), n_tiles2 = int(d.H / kBlk);
+  auto* fn1 = [&]() {
+    switch (p.activation) {
+      case Activation::gelu: return d.g1u1 ? gemm1_blk_kernel<true, Activation::gelu> : gemm1_blk_kernel<false, Activation::gelu>;
+      case Activation::gelu_tanh:
+        return d.g1u1 ? gemm1_blk_kernel<true, Activation::gelu_tanh> : gemm1_blk_kernel<false, Activation::gelu_tanh>;
+      case Activation::silu: break;
+    }
+    return d.g1u1 ? gemm1_blk_kernel<true, Activation::silu> : gemm1_blk_kernel<false, Activation::silu>;
+  }();
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+                                    "fused_moe_sm90_grouped_fp8_block gemm1: cudaFuncSetAttribute"));
+  fn1<<<grid(l.tiles_max * n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block gemm1"));
+
+  quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(fat(l.a), d.I, nullptr, 1, at(l.offsets), int(d.E),
+                                                                  int(d.I), base + l.aq, fat(l.sa));
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block quant a"));
+
+  BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
+             p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H),
+             int(d.I), int(l.tk), false};
+  MOEKIT_RETURN_IF_ERROR(check_cuda(
+      cudaFuncSetAttribute(gemm2_blk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+      "fused_moe_sm90_grouped_fp8_block gemm2: cudaFuncSetAttribute"));
+  gemm2_blk_kernel<<<grid(l.tiles_max * n_tiles2), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block gemm2"));
+
+  ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
+                int(d.H), int(d.k), 1, p.weight_on_input};
+  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
+  return last_launch("fused_moe_sm90_grouped_fp8_block reduce");
+}
+
+Status check_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim != 3 || s.shape[0] != E || s.shape[1] != N / kBlk || s.shape[2] != K / kBlk) {
+    return Unsupported(name, ": block scales [", E, ", ", N / kBlk, ", ", K / kBlk, "] only, got ", s.describe());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace grouped
+
+Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
+                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}));
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
+    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
+  }
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
+  }
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
+                       " (this kernel reads row_major weights only)");
+  }
+  if (p.scale_block_n != grouped::kBlk || p.scale_block_k != grouped::kBlk) {
+    return Unsupported("scale_block_n/k: 128 x 128 block scales only, got ", p.scale_block_n, "x", p.scale_block_k);
+  }
+  const MoeDims d = moe_dims(p);
+  if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (scale block), got ", d.H);
+  if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (scale block), got ", d.I);
+  MOEKIT_RETURN_IF_ERROR(grouped::check_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
+  MOEKIT_RETURN_IF_ERROR(grouped::check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I));
+  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
+  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
+  if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
+    return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
+  }
+  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
+    return Unsupported("w1/w2: data must be 16-byte aligned");
+  }
+  const int64_t tk = d.T * d.k;
+  if (tk > (int64_t(1) << 30) || tk * std::max(d.H, d.I) > (int64_t(1) << 40)) {
+    return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
+  }
+  if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
+  if (d.E * d.N1 >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
+    return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
+  }
+  return Status::Ok();
+}
+
+size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p) {
+  return grouped::blk_layout_of(p).total;
+}
+
+Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  if (d.T == 0) return Status::Ok();
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < fused_moe_sm90_grouped_fp8_block_workspace_bytes(p)) {
+    return InvalidArgument("workspace: fused_moe_sm90_grouped_fp8_block needs ",
+                           fused_moe_sm90_grouped_fp8_block_workspace_bytes(p), " device bytes, got ", ctx.workspace_bytes);
+  }
+  if (p.x.dtype == DType::bf16) return grouped::run_blk_typed<__nv_bfloat16>(p, ctx);
+  return grouped::run_blk_typed<__half>(p, ctx);
+}
+
+void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
+  r.add({"fused_moe_sm90_grouped_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, QGMMA m64n128k32 with "
+         "per-block promotion into f32, f32 sum over k",
+         100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_supports>,
+         erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_workspace_bytes>,
+         erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_run>});
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,24 @@
+// fused_moe_sm90_grouped_fp8_block: fp8 128 x 128 block-scaled fused_moe (SPEC 3.3, DeepSeek-V3; also
+// with the router weight on the input) on sm_90a fp8 tensor cores; see the .cu for the launches.
+// Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp.
+#pragma once
+
+#include <cstddef>
+
+#include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"
+
+namespace moekit::cuda {
+
+// ok, or why the kernel refuses p (host tensors, non-fp8 weights, blocks other than 128 x 128, H or
+// I not multiples of 128, k > 32, E > 1024, misaligned rows).
+Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p);
+// Workspace bytes for p (routing lists, x and a codes + group scales, a in f32, y in f32).
+size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p);
+// Runs the kernel (p validated and supported, ctx.workspace on the device).
+Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
+
+// Adds the registry row fused_moe_sm90_grouped_fp8_block (priority 100, variant fp8_block).
+void register_fused_moe_sm90_grouped_fp8_block(Registry& r);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,124 @@
+// fused_moe_sm90_grouped_fp8_block (src/ops/fused_moe/fused_moe_sm90_grouped_fp8_block.cu): the fp8
+// 128 x 128 block-scaled CUDA kernel against fused_moe_ref_fp8_block with the kernel_vs_ref row of
+// docs/tolerances.md: the harness edge cases and presets, several 128-row M tiles per expert, tails
+// around the warpgroup cut, g1u0 with gelu and an expert map, the router weight on the input, rows
+// of all zeros and large values, and supports()' refusals.
+// Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
+// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fused_moe_fp8_test_util.h"
+#include "fused_moe_test_util.h"
+#include "testing/harness.h"
+#include "testing/oracle_fused_moe.h"
+
+namespace moekit::testing {
+namespace {
+
+using moe_test::make;
+using moe_test::small_shape;
+
+constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
+
+#define SKIP_WITHOUT_KERNEL()                                            \
+  do {                                                                   \
+    const std::string why = moe_test::cuda_kernel_unavailable(kBlock);   \
+    if (!why.empty()) GTEST_SKIP() << why;                               \
+  } while (0)
+
+void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock); }
+
+bool may_skip(const std::string& name, const std::string& detail) {
+  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
+         detail.find("multiple of 128") != std::string::npos || detail.find("128 x 128") != std::string::npos;
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, EdgeCasesAndWeightOnInput) {
+  SKIP_WITHOUT_KERNEL();
+  for (bool on_input : {false, true}) {
+    CheckRequest req;
+    req.shape.scheme = Scheme::fp8_block;
+    req.shape.scheme_given = true;
+    req.shape.weight_on_input = on_input;
+    if (on_input) req.shape.topk = 1;
+    req.tokens = {1, 8, 64, 300};
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlock, may_skip);
+  }
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, Presets) {
+  SKIP_WITHOUT_KERNEL();
+  // NOTE: the host reference dominates the run time; T = 48 keeps the test in seconds.
+  for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
+    CheckRequest req;
+    req.shape.model = model;
+    req.shape.scheme = Scheme::fp8_block;
+    req.shape.scheme_given = true;
+    req.tokens = {48};
+    req.edge_cases = false;
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    SCOPED_TRACE(model);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlock, may_skip);
+  }
+}
+
+// 800 rows over 6 experts (several M tiles each), H = 256 (2 K blocks), I = 384 (gemm1: 6 N tiles of
+// 64 gate + 64 up columns, gate and up in different scale blocks; gemm2: 3 K blocks).
+TEST(FusedMoeSm90GroupedFp8Block, ManyMTilesPerExpert) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 400, 6, 2, 256, 384));
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, TailTilesAndWeightOnInput) {
+  SKIP_WITHOUT_KERNEL();
+  MoeShape s = small_shape(Scheme::fp8_block, 451, 6, 1, 384, 256);
+  s.weight_on_input = true;
+  MoeProblem prob = make(s);
+  moe_test::assign_expert_rows(&prob, {64, 65, 1, 192, 129});
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, G1U0GeluAndExpertMap) {
+  SKIP_WITHOUT_KERNEL();
+  MoeShape s = small_shape(Scheme::fp8_block, 130, 10, 3, 256, 384);
+  s.activation = Activation::gelu;
+  MoeProblemOptions o;
+  o.g1u1 = false;
+  o.local_experts = 4;
+  o.ep = ExpertParallel::map;
+  MoeProblem prob = make(s, o);
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 60, 5, 2, 256, 128));
+  const int64_t H = prob.shape.H;
+  for (int64_t c = 0; c < H; ++c) {
+    prob.x.set(0 * H + c, 0.0f);                    // token 0: all zeros (the amax floor)
+    prob.x.set(3 * H + c, 3.0e4f * ((c % 7) - 3));  // token 3: large values
+  }
+  expect_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {
+  const Kernel* k = registry().find(kBlock);
+  if (k == nullptr) GTEST_SKIP() << "not compiled in";
+  MoeProblem row = make(small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+  const FusedMoeParams rp = row.params();
+  EXPECT_FALSE(k->supports(&rp).ok());
+  MoeProblem odd = make(small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  const FusedMoeParams op = odd.params();
+  EXPECT_FALSE(k->supports(&op).ok());
+}
+
+}  // namespace
+}  // namespace moekit::testing
