@@ -109,4 +109,4 @@ moekit_cli_test(eval_smoke_models
 moekit_cli_test(run_smoke_model
   "out=$(\"$0\" run --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --prompt 'Q: 1+1?' --max-new 5 2>&1) || exit 1; echo \"$out\"; echo \"$out\" | grep -q 'tokens/s'")
 moekit_cli_usage_error(eval_bad_scheme --scheme eval --model ${MOEKIT_SMOKE_MODELS} --scheme fp9)
-moekit_cli_usage_error(eval_bad_backend --backend eval --model ${MOEKIT_SMOKE_MODELS} --backend cuda)
+moekit_cli_usage_error(eval_bad_backend --backend eval --model ${MOEKIT_SMOKE_MODELS} --backend gpu)

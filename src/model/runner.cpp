@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "moekit/core/dtype.h"
 #include "moekit/model/safetensors.h"
@@ -111,7 +112,33 @@ const Kernel* pick_kernel(OpKind op, MoeVariant v, Backend b, const void* params
   return best;
 }
 
-// Stacked expert weights as fused_moe takes them, in the scheme's dtype.
+// A device allocation of the cuda backend (DeviceOps), grown on demand; freed with its owner.
+struct DevBuf {
+  const DeviceOps* ops = nullptr;
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p != nullptr) ops->free(p);
+  }
+  Status ensure(const DeviceOps* o, size_t n) {
+    if (n <= bytes && p != nullptr) return Status::Ok();
+    if (p != nullptr) ops->free(p);
+    ops = o, p = nullptr, bytes = 0;
+    MOEKIT_RETURN_IF_ERROR(o->alloc(std::max<size_t>(n, 256), &p));
+    bytes = std::max<size_t>(n, 256);
+    return Status::Ok();
+  }
+  Status upload(const DeviceOps* o, const void* src, size_t n) {
+    MOEKIT_RETURN_IF_ERROR(ensure(o, n));
+    return n ? o->copy_to_device(p, src, n) : Status::Ok();
+  }
+};
+
+// Stacked expert weights as fused_moe takes them, in the scheme's dtype (and their device copies
+// when the backend is cuda).
 struct Experts {
   int E = 0, N1 = 0, H = 0, I = 0;
   DType dtype = DType::bf16;
@@ -119,6 +146,18 @@ struct Experts {
   std::vector<float> s1, s2;                // fp8 scales
   std::vector<int64_t> s1_shape, s2_shape;
   bool block = false;
+  std::unique_ptr<DevBuf> d_w1, d_w2, d_s1, d_s2;
+
+  Status upload(const DeviceOps* o) {
+    for (auto [dst, src, n] : {std::make_tuple(&d_w1, static_cast<const void*>(w1.data()), w1.size()),
+                               std::make_tuple(&d_w2, static_cast<const void*>(w2.data()), w2.size()),
+                               std::make_tuple(&d_s1, static_cast<const void*>(s1.data()), s1.size() * 4),
+                               std::make_tuple(&d_s2, static_cast<const void*>(s2.data()), s2.size() * 4)}) {
+      *dst = std::make_unique<DevBuf>();
+      MOEKIT_RETURN_IF_ERROR((*dst)->upload(o, src, n));
+    }
+    return Status::Ok();
+  }
 };
 
 Status quantize_into(const std::vector<float>& w, std::vector<int64_t> shape, ModelScheme s, std::vector<uint8_t>* q,
@@ -184,6 +223,8 @@ struct MoeModel::Impl {
   ModelConfig cfg;
   Tokenizer tok;
   RunnerOptions opts;
+  const DeviceOps* dev = nullptr;  // cuda backend: the MoE ops run on the device
+  DevBuf d_x, d_out, d_ids, d_w, d_logits, d_bias, d_ws;
   std::vector<float> embed, lm_head, final_norm;
   std::vector<Layer> layers;
   std::vector<float> inv_freq;  // [head_dim / 2], as Hugging Face computes it (f32)
@@ -274,6 +315,10 @@ Status MoeModel::Impl::load(const std::string& dir) {
       MOEKIT_RETURN_IF_ERROR(load_f32(f, s + "down_proj.weight", {H, I}, &s2));
       MOEKIT_RETURN_IF_ERROR(make_experts(s1, s2, 1, int(2 * I), int(H), int(I), opts.scheme, &L.shared));
     }
+    if (dev != nullptr) {
+      MOEKIT_RETURN_IF_ERROR(L.experts.upload(dev));
+      if (cfg.shared_expert) MOEKIT_RETURN_IF_ERROR(L.shared.upload(dev));
+    }
   }
   // Hugging Face: inv_freq = 1 / theta ^ (arange(0, hd, 2) / hd), all in f32.
   inv_freq.resize(size_t(cfg.head_dim / 2));
@@ -291,19 +336,34 @@ Status MoeModel::Impl::run_experts(const Experts& ex, const std::vector<float>& 
   const int eb = dtype_size(xd);
   std::vector<uint8_t> xin(size_t(B) * H * eb), out(size_t(B) * H * eb);
   for (int64_t i = 0; i < int64_t(B) * H; ++i) store_from_f32(xin.data(), xd, i, h[size_t(i)]);
+  const bool on_dev = dev != nullptr;
+  const Device where = on_dev ? Device::cuda : Device::cpu;
+  void* px = xin.data();
+  void* pout = out.data();
+  void* pids = const_cast<int32_t*>(ids);
+  void* pw = const_cast<float*>(w);
+  if (on_dev) {
+    MOEKIT_RETURN_IF_ERROR(d_x.upload(dev, xin.data(), xin.size()));
+    MOEKIT_RETURN_IF_ERROR(d_out.ensure(dev, out.size()));
+    MOEKIT_RETURN_IF_ERROR(d_ids.upload(dev, ids, size_t(B) * k * 4));
+    MOEKIT_RETURN_IF_ERROR(d_w.upload(dev, w, size_t(B) * k * 4));
+    px = d_x.p, pout = d_out.p, pids = d_ids.p, pw = d_w.p;
+  }
   FusedMoeParams p;
-  p.x = TensorView::contiguous(xin.data(), xd, {B, H});
-  p.out = TensorView::contiguous(out.data(), xd, {B, H});
-  p.w1 = TensorView::contiguous(const_cast<uint8_t*>(ex.w1.data()), ex.dtype, {ex.E, ex.N1, H});
-  p.w2 = TensorView::contiguous(const_cast<uint8_t*>(ex.w2.data()), ex.dtype, {ex.E, H, ex.I});
-  p.topk_ids = TensorView::contiguous(const_cast<int32_t*>(ids), DType::i32, {B, k});
-  p.topk_weights = TensorView::contiguous(const_cast<float*>(w), DType::f32, {B, k});
+  p.x = TensorView::contiguous(px, xd, {B, H}, where);
+  p.out = TensorView::contiguous(pout, xd, {B, H}, where);
+  p.w1 = TensorView::contiguous(on_dev ? ex.d_w1->p : const_cast<uint8_t*>(ex.w1.data()), ex.dtype, {ex.E, ex.N1, H},
+                                where);
+  p.w2 = TensorView::contiguous(on_dev ? ex.d_w2->p : const_cast<uint8_t*>(ex.w2.data()), ex.dtype, {ex.E, H, ex.I},
+                                where);
+  p.topk_ids = TensorView::contiguous(pids, DType::i32, {B, k}, where);
+  p.topk_weights = TensorView::contiguous(pw, DType::f32, {B, k}, where);
   p.weight_on_input = on_input;
   if (ex.dtype == DType::fp8_e4m3fn) {
-    p.w1_scale = TensorView::contiguous(const_cast<float*>(ex.s1.data()), DType::f32, int(ex.s1_shape.size()),
-                                        ex.s1_shape.data());
-    p.w2_scale = TensorView::contiguous(const_cast<float*>(ex.s2.data()), DType::f32, int(ex.s2_shape.size()),
-                                        ex.s2_shape.data());
+    p.w1_scale = TensorView::contiguous(on_dev ? ex.d_s1->p : const_cast<float*>(ex.s1.data()), DType::f32,
+                                        int(ex.s1_shape.size()), ex.s1_shape.data(), where);
+    p.w2_scale = TensorView::contiguous(on_dev ? ex.d_s2->p : const_cast<float*>(ex.s2.data()), DType::f32,
+                                        int(ex.s2_shape.size()), ex.s2_shape.data(), where);
     if (ex.block) p.scale_block_n = p.scale_block_k = kBlock;
   }
   const Kernel* kern = pick_kernel(OpKind::fused_moe, fused_moe_variant(p), opts.backend, &p);
@@ -313,7 +373,18 @@ Status MoeModel::Impl::run_experts(const Experts& ex, const std::vector<float>& 
   }
   RunOptions o;
   o.kernel = kern->name;
+  if (on_dev) {
+    size_t ws = 0;
+    MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(p, o, &ws));
+    MOEKIT_RETURN_IF_ERROR(d_ws.ensure(dev, ws));
+    o.workspace = d_ws.p;
+    o.workspace_bytes = d_ws.bytes;
+  }
   MOEKIT_RETURN_IF_ERROR(fused_moe(p, o));
+  if (on_dev) {
+    MOEKIT_RETURN_IF_ERROR(dev->synchronize());
+    MOEKIT_RETURN_IF_ERROR(dev->copy_to_host(out.data(), d_out.p, out.size()));
+  }
   for (int64_t i = 0; i < int64_t(B) * H; ++i) (*x)[size_t(i)] += load_as_f32(out.data(), xd, i);
   return Status::Ok();
 }
@@ -324,9 +395,24 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   std::vector<float> logits(size_t(B) * E), w(size_t(B) * k);
   std::vector<int32_t> ids(size_t(B) * k);
   for (int b = 0; b < B; ++b) matvec(L.router.data(), h.data() + int64_t(b) * H, E, H, logits.data() + int64_t(b) * E);
-  const TensorView gv = TensorView::contiguous(logits.data(), DType::f32, {B, E});
-  const TensorView wv = TensorView::contiguous(w.data(), DType::f32, {B, k});
-  const TensorView iv = TensorView::contiguous(ids.data(), DType::i32, {B, k});
+  // cuda: the routing op runs on device copies of the logits; ids / weights come back to the host
+  // (run_experts sends them again: a few bytes per token).
+  const bool on_dev = dev != nullptr;
+  const Device where = on_dev ? Device::cuda : Device::cpu;
+  void* pl = logits.data();
+  void* pw = w.data();
+  void* pi = ids.data();
+  void* pb = const_cast<float*>(L.bias.data());
+  if (on_dev) {
+    MOEKIT_RETURN_IF_ERROR(d_logits.upload(dev, logits.data(), logits.size() * 4));
+    MOEKIT_RETURN_IF_ERROR(d_w.ensure(dev, w.size() * 4));
+    MOEKIT_RETURN_IF_ERROR(d_ids.ensure(dev, ids.size() * 4));
+    MOEKIT_RETURN_IF_ERROR(d_bias.upload(dev, L.bias.data(), L.bias.size() * 4));
+    pl = d_logits.p, pw = d_w.p, pi = d_ids.p, pb = d_bias.p;
+  }
+  const TensorView gv = TensorView::contiguous(pl, DType::f32, {B, E}, where);
+  const TensorView wv = TensorView::contiguous(pw, DType::f32, {B, k}, where);
+  const TensorView iv = TensorView::contiguous(pi, DType::i32, {B, k}, where);
   RunOptions o;
   const char* op = "";
   Status st;
@@ -340,7 +426,7 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   } else if (cfg.family == Family::deepseek) {
     GroupedTopkParams p;
     p.gating = gv, p.k = k, p.n_group = cfg.n_group, p.topk_group = cfg.topk_group, p.scoring = Scoring::sigmoid;
-    p.correction_bias = TensorView::contiguous(const_cast<float*>(L.bias.data()), DType::f32, {E});
+    p.correction_bias = TensorView::contiguous(pb, DType::f32, {E}, where);
     p.renormalize = true, p.routed_scaling_factor = cfg.routed_scaling_factor, p.topk_weights = wv, p.topk_ids = iv;
     const Kernel* kern = pick_kernel(OpKind::grouped_topk, MoeVariant::none, opts.backend, &p);
     op = "grouped_topk";
@@ -356,6 +442,11 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   }
   if (o.kernel == nullptr) return Unsupported(op, ": no ", backend_name(opts.backend), " kernel accepts the router");
   MOEKIT_RETURN_IF_ERROR(st);
+  if (on_dev) {
+    MOEKIT_RETURN_IF_ERROR(dev->synchronize());
+    MOEKIT_RETURN_IF_ERROR(dev->copy_to_host(w.data(), d_w.p, w.size() * 4));
+    MOEKIT_RETURN_IF_ERROR(dev->copy_to_host(ids.data(), d_ids.p, ids.size() * 4));
+  }
   const bool on_input = cfg.family == Family::llama4;
   MOEKIT_RETURN_IF_ERROR(run_experts(L.experts, h, B, ids.data(), w.data(), k, on_input, x));
   if (cfg.shared_expert) {
@@ -451,12 +542,13 @@ const ModelConfig& MoeModel::config() const { return impl_->cfg; }
 const Tokenizer& MoeModel::tokenizer() const { return impl_->tok; }
 
 Status MoeModel::load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out) {
-  if (opts.backend != Backend::ref && opts.backend != Backend::cpu) {
-    return Unsupported("model runner: backend ", backend_name(opts.backend), " (this runner does ref and cpu)");
-  }
   MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
   auto impl = std::make_unique<Impl>();
   impl->opts = opts;
+  if (opts.backend == Backend::cuda) {
+    impl->dev = registry().device_ops(Backend::cuda);
+    if (impl->dev == nullptr) return Unsupported("model runner: the cuda backend registers no device operations");
+  }
   const Status s = impl->load(dir);
   if (!s.ok()) return InvalidArgument(dir, ": ", s.message());
   out->reset(new MoeModel(std::move(impl)));

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--model", run.model, "Model folder (config.json, model.safetensors, tokenizer.json)")
       ->required()->type_name("DIR");
   run_cmd->add_option("--prompt", run.prompt, "Prompt text")->required()->type_name("TEXT");
-  run_cmd->add_option("--backend", run.backend, "ref or cpu (default: cpu)")->type_name("NAME");
+  run_cmd->add_option("--backend", run.backend, "ref, cpu or cuda (default: cpu)")->type_name("NAME");
   run_cmd->add_option("--scheme", run.scheme, "f32, bf16, fp8_tensor, fp8_channel, fp8_block (default: bf16)")
       ->type_name("SCHEME");
   run_cmd->add_option("--max-new", run.max_new, "Most tokens to generate (default: 64)")->type_name("N");
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   CLI::App* eval_cmd = app.add_subcommand("eval", "Accuracy table of bundled models per backend and scheme");
   eval_cmd->add_option("--model", eval.model, "Model folders, comma separated, or a folder of them (default: models)")
       ->type_name("DIR");
-  eval_cmd->add_option("--backend", eval.backend, "ref, cpu, comma separated (default: cpu)")->type_name("NAME");
+  eval_cmd->add_option("--backend", eval.backend, "ref, cpu, cuda, comma separated (default: cpu)")->type_name("NAME");
   eval_cmd->add_option("--scheme", eval.scheme, "Schemes, comma separated, or all (default: all)")->type_name("S");
   eval_cmd->add_option("--limit", eval.limit, "First N test problems (default: all)")->type_name("N");
   eval_cmd->add_option("--data", eval.data, "Test problems JSONL (default: <models>/data/arith_test.jsonl)")

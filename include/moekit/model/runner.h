@@ -1,6 +1,8 @@
 // The model runner (issue 7): the bundled tiny MoE decoders (models/<name>/, docs/models.md) run in
-// C++ with moekit's routing and fused_moe ops for every MoE layer, on the ref or cpu backend, in f32,
-// bf16 or any fp8 scheme (expert weights quantized at load with quantize_fp8).
+// C++ with moekit's routing and fused_moe ops for every MoE layer, on the ref, cpu or cuda backend
+// (cuda: the expert weights live on the device, the routing op and fused_moe run there, the rest
+// of the decoder stays on the host), in f32, bf16 or any fp8 scheme (expert weights quantized at
+// load with quantize_fp8).
 //
 // The decoder mirrors tools/train/model.py (the PyTorch reference): token embedding; per layer
 // x += attn(rmsnorm(x)) (grouped-query attention, Hugging Face RoPE with rotate-half pairing, causal,
@@ -55,7 +57,7 @@ const char* model_scheme_name(ModelScheme s);
 bool parse_model_scheme(const std::string& s, ModelScheme* out);
 
 struct RunnerOptions {
-  Backend backend = Backend::cpu;       // ref or cpu (kernels of that backend for every op)
+  Backend backend = Backend::cpu;       // ref, cpu or cuda (kernels of that backend for every op)
   ModelScheme scheme = ModelScheme::bf16;
 };
 
