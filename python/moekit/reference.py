@@ -243,7 +243,8 @@ def ref_quantize_fp8(x: torch.Tensor, granularity: str = "per_tensor", group: in
     xf = x.float()
 
     if scale is not None:
-        _require(granularity == "per_tensor", f"scale: a static scale needs granularity 'per_tensor', got {granularity!r}")
+        _require(granularity == "per_tensor",
+                 f"scale: a static scale needs granularity 'per_tensor', got {granularity!r}")
         _require(scale.numel() == 1, f"scale: static scale must have 1 element, got shape {_shape(scale)}")
         s = float(scale.reshape(-1)[0])
         _require(s > 0 and s != float("inf"), f"scale: static per-tensor scale must be finite and > 0, got {s}")
