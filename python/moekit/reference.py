@@ -397,7 +397,8 @@ def ref_fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.T
     """Fused MoE (SPEC 3), vLLM's fused_experts conventions. Returns out [T, H] (x's dtype).
 
     x [T, H] bf16|f16|f32; w1 [E, 2I, H] (gate rows, then up rows; [E, I, H] = gate only), w2
-    [E, H, I]; topk_ids int32 [T, k] GLOBAL ids in [-1, Eg) (-1 = no expert); topk_weights f32.
+    [E, H, I]; topk_ids [T, k] GLOBAL ids in [-1, Eg) (-1 = no expert), int32 (another integer
+    dtype is accepted, as moekit.api converts it); topk_weights [T, k] f32 (other floats: used as f32).
       h = w1[e] . x_t (f32)     a = act(g) * u     y_t = sum_j w_tj * (w2[e_tj] . a)   (f32, one rounding)
     Schemes (SPEC 6 order):
       use_fp8_w8a8 + block_shape (bn, bk): fp8 e4m3fn weights with [E, ceil(N/bn), ceil(K/bk)] scales,
@@ -428,9 +429,11 @@ def ref_fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.T
              f"w1, w2: dtype must be {w_dtype}, got {w1.dtype} and {w2.dtype}")
     _require(ids.dim() == 2 and ids.shape[0] == T, f"topk_ids: shape must be [{T}, k], got {_shape(ids)}")
     k = ids.shape[1]
-    _require(ids.dtype == torch.int32, f"topk_ids: dtype must be int32, got {ids.dtype}")
+    _require(not ids.dtype.is_floating_point and not ids.dtype.is_complex and ids.dtype != torch.bool,
+             f"topk_ids: dtype must be an integer type (int32 preferred), got {ids.dtype}")
     _require(_shape(wts) == [T, k], f"topk_weights: shape must be [{T}, {k}], got {_shape(wts)}")
-    _require(wts.dtype == torch.float32, f"topk_weights: dtype must be float32, got {wts.dtype}")
+    _require(wts.dtype.is_floating_point, f"topk_weights: dtype must be floating point (float32 preferred), "
+                                          f"got {wts.dtype}")
     _require(activation in ACTIVATIONS, f"activation: must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     act = ACTIVATIONS[activation]
     _require(not apply_router_weight_on_input or k == 1,

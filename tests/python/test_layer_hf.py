@@ -163,12 +163,13 @@ def test_layer_matches_hf_block(family, dtype, device):
     assert (diff <= 2 ** -5 * row_max).all(), f"max |moekit - hf| {diff.max():.3g}, row max {row_max.max():.3g}"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("quant", ["fp8_per_tensor", "fp8_per_row", "fp8_block"])
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
-def test_layer_fp8_close_to_hf_block(family, quant):
-    block = make_block(family, seed=7).to(torch.bfloat16)
+def test_layer_fp8_close_to_hf_block(family, quant, device):
+    block = make_block(family, seed=7).to(device=device, dtype=torch.bfloat16)
     H = block.experts.hidden_dim
-    x = torch.randn(33, H, generator=torch.Generator().manual_seed(8)).bfloat16()
+    x = torch.randn(33, H, generator=torch.Generator().manual_seed(8)).to(device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         want = block(x.unsqueeze(0)).reshape(x.shape)
         layer = MoELayer.from_hf_block(block, quant=quant)
@@ -197,6 +198,46 @@ def test_load_checkpoint_per_expert_layout_matches_from_hf_block():
         assert torch.equal(getattr(layer, name), getattr(ref, name)), name
     x = torch.randn(5, 128).bfloat16()
     assert torch.equal(layer(x), ref(x))
+
+
+def test_load_checkpoint_deepseek_names_and_shared_expert():
+    """Per-expert gate_proj / up_proj / down_proj names, the correction bias and shared_experts.*."""
+    block = make_block("deepseek_v3", seed=12).to(torch.bfloat16)
+    ref = MoELayer.from_hf_block(block)
+    inter = 128
+    gu, down = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
+    sd = {"gate.weight": block.gate.weight, "gate.e_score_correction_bias": block.gate.e_score_correction_bias}
+    for e in range(8):
+        sd[f"experts.{e}.gate_proj.weight"], sd[f"experts.{e}.up_proj.weight"] = gu[e, :inter], gu[e, inter:]
+        sd[f"experts.{e}.down_proj.weight"] = down[e]
+    for n in ("gate_proj", "up_proj", "down_proj"):
+        sd[f"shared_experts.{n}.weight"] = getattr(block.shared_experts, n).weight
+    layer = MoELayer(256, inter, 8, 3, routing="grouped_sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                     shared_intermediate_size=inter, router_dtype=torch.float32, dtype=torch.bfloat16)
+    layer.load_checkpoint({k: v.detach() for k, v in sd.items()})
+    for name, buf in ref.named_buffers():
+        assert torch.equal(getattr(layer, name), buf), name
+
+
+def test_from_hf_block_per_expert_module_list():
+    """A block whose experts are a ModuleList of MLPs (transformers < 5 layout) loads the same weights."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeMLP
+
+    block = make_block("qwen3", seed=13).to(torch.bfloat16)
+    ref = MoELayer.from_hf_block(block)
+    gu, down, inter = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach(), 128
+    mlps = torch.nn.ModuleList()
+    for e in range(8):
+        mlp = Qwen3MoeMLP(block.experts.config, intermediate_size=inter).to(torch.bfloat16)
+        with torch.no_grad():
+            mlp.gate_proj.weight.copy_(gu[e, :inter])
+            mlp.up_proj.weight.copy_(gu[e, inter:])
+            mlp.down_proj.weight.copy_(down[e])
+        mlps.append(mlp)
+    block.experts = mlps
+    layer = MoELayer.from_hf_block(block)
+    for name in ("gate_weight", "w1", "w2"):
+        assert torch.equal(getattr(layer, name), getattr(ref, name)), name
 
 
 def test_layer_errors():

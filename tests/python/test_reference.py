@@ -454,6 +454,12 @@ def test_fused_experts_unquantized(dtype, act, T, H, inter, E, k):
     assert_close_rms(out, oracle_fused_experts(x, w1, w2, wts, ids, act), *TOL[dtype])
 
 
+def test_fused_experts_int64_ids_and_bf16_weights_are_converted():
+    x, w1, w2, wts, ids = make_moe(7, 64, 32, 4, 2, seed=11)
+    want = R.ref_fused_experts(x, w1, w2, wts.bfloat16().float(), ids)
+    assert torch.equal(R.ref_fused_experts(x, w1, w2, wts.bfloat16(), ids.long()), want)
+
+
 def test_fused_experts_g1u0_round_intermediate_off_and_out_argument():
     x, w1, w2, wts, ids = make_moe(9, 64, 32, 4, 2, seed=3, g1u1=False)
     dst = torch.empty_like(x)
@@ -557,7 +563,8 @@ def _moe_args():
     (dict(w1=torch.zeros(4, 60, 64, dtype=torch.bfloat16)), r"w1: shape must be \[4, 2\*I = 64 .*got \[4, 60, 64\]"),
     (dict(w2=torch.zeros(4, 32, 32, dtype=torch.bfloat16)), r"w2: shape must be \[4, 64, I\], got \[4, 32, 32\]"),
     (dict(w1=torch.zeros(4, 64, 64)), r"w1, w2: dtype must be torch.bfloat16, got torch.float32"),
-    (dict(topk_ids=torch.zeros(4, 2, dtype=torch.int64)), r"topk_ids: dtype must be int32, got torch.int64"),
+    (dict(topk_ids=torch.zeros(4, 2)), r"topk_ids: dtype must be an integer type .*got torch.float32"),
+    (dict(topk_weights=torch.zeros(4, 2, dtype=torch.int32)), r"topk_weights: dtype must be floating point"),
     (dict(topk_ids=torch.tensor([[0, 1]] * 3 + [[0, 4]], dtype=torch.int32)),
      r"topk_ids: values must be in \[-1, 4\), got \[4\]"),
     (dict(topk_weights=torch.zeros(4, 3)), r"topk_weights: shape must be \[4, 2\], got \[4, 3\]"),
