@@ -78,6 +78,8 @@ class MoELayer(nn.Module):
       w1 [E, 2I, H], w2 [E, H, I]  the layer dtype, or fp8 e4m3fn with w1_scale / w2_scale:
         fp8_per_tensor [E], fp8_per_row [E, N, 1], fp8_block [E, ceil(N/bn), ceil(K/bk)]
       shared_w1 [2Is, H], shared_w2 [H, Is]  the shared expert (shared_intermediate_size > 0)
+    NOTE: move a prepared layer with .to(device) only: nn.Module.to(dtype) would also cast the fp8
+    weights (fp8 dtypes count as floating point); build the layer in the dtype wanted instead.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,

@@ -46,6 +46,9 @@ def make_block(family: str, seed: int) -> torch.nn.Module:
     else:
         cfg = Llama4TextConfig(hidden_size=128, intermediate_size=256, num_local_experts=8, num_experts_per_tok=1)
         block = Llama4TextMoe(cfg)
+    # NOTE: set after construction (the experts module keeps a reference to cfg): "eager" pins the
+    # per-expert loop the comparison was written against (None also falls back to it, with a warning).
+    cfg._experts_implementation = "eager"
     with torch.no_grad():
         for name, p in block.named_parameters():
             # std 1/sqrt(fan_in) keeps every activation O(1). Llama-4 stores experts as [E, in, out].
@@ -167,6 +170,8 @@ def test_layer_matches_hf_block(family, dtype, device):
 @pytest.mark.parametrize("quant", ["fp8_per_tensor", "fp8_per_row", "fp8_block"])
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_layer_fp8_close_to_hf_block(family, quant, device):
+    if device == "cuda" and quant == "fp8_block":
+        pytest.skip("moekit has no CUDA fp8 block-scale fused_moe kernel yet (CPU and reference only)")
     block = make_block(family, seed=7).to(device=device, dtype=torch.bfloat16)
     H = block.experts.hidden_dim
     x = torch.randn(33, H, generator=torch.Generator().manual_seed(8)).to(device=device, dtype=torch.bfloat16)
