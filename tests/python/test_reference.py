@@ -421,6 +421,12 @@ def make_moe(T, H, inter, E, k, dtype=torch.bfloat16, seed=0, g1u1=True):
     return x, w1, w2, wts, ids
 
 
+def sigmoid_weights(wts):
+    """Router weights in (0.2, 0.8) (top-1 softmax weights are all 1, which would hide a lost weight)."""
+    gen = torch.Generator().manual_seed(wts.shape[0])
+    return 0.2 + 0.6 * torch.rand(wts.shape, generator=gen)
+
+
 def assert_close_rms(got, want, rtol, atol_rms):
     """|got - want| <= rtol * |want| + atol_rms * rms(want) elementwise; names the worst element."""
     want = want.double()
@@ -512,6 +518,7 @@ def test_fused_experts_weight_on_input(dtype):
 def test_fused_experts_fp8_row(granularity, on_input, T, H, inter, E):
     k = 1 if on_input else 2
     x, w1, w2, wts, ids = make_moe(T, H, inter, E, k, seed=7 + T)
+    wts = sigmoid_weights(wts) if on_input else wts
     if granularity == "per_tensor":  # one scale per expert [E]
         q1, s1 = zip(*[R.ref_quantize_fp8(w, "per_tensor") for w in w1])
         q2, s2 = zip(*[R.ref_quantize_fp8(w, "per_tensor") for w in w2])
@@ -541,6 +548,7 @@ def test_fused_experts_fp8_row_static_activation_scale():
 def test_fused_experts_fp8_block(on_input, T, H, inter, E, block):
     k = 1 if on_input else 2
     x, w1, w2, wts, ids = make_moe(T, H, inter, E, k, seed=9 + H)
+    wts = sigmoid_weights(wts) if on_input else wts
     (q1, s1), (q2, s2) = R.ref_quantize_fp8(w1, "block", block=block), R.ref_quantize_fp8(w2, "block", block=block)
     got = R.ref_fused_experts(x, q1, q2, wts, ids, use_fp8_w8a8=True, block_shape=list(block), w1_scale=s1,
                               w2_scale=s2, apply_router_weight_on_input=on_input)
