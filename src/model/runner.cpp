@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "moekit/core/dtype.h"
@@ -216,6 +217,24 @@ struct Layer {
   std::vector<float> in_norm, post_norm, wq, wk, wv, wo, router, bias;
   Experts experts, shared;
 };
+
+// fn(b) for b in [0, n), contiguous ranges on up to hardware_concurrency threads (rows are
+// independent, so the result does not depend on the split).
+template <class Fn>
+void for_rows(int n, const Fn& fn) {
+  const int nt = std::max(1, std::min<int>(n / 4, int(std::thread::hardware_concurrency())));
+  if (nt <= 1) {
+    for (int b = 0; b < n; ++b) fn(b);
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nt; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = n * t / nt; b < n * (t + 1) / nt; ++b) fn(b);
+    });
+  }
+  for (std::thread& th : threads) th.join();
+}
 
 }  // namespace
 
@@ -468,13 +487,15 @@ Status MoeModel::Impl::step(const std::vector<Seq*>& seqs, const std::vector<int
       return InvalidArgument("position ", seqs[size_t(b)]->pos, " reaches max_position_embeddings ", cfg.max_position_embeddings);
     }
   }
-  std::vector<float> x(size_t(B) * H), h(size_t(B) * H), q(static_cast<size_t>(qd)), kv(size_t(2) * kd),
-      o(static_cast<size_t>(qd)), y(static_cast<size_t>(H));
+  std::vector<float> x(size_t(B) * H), h(size_t(B) * H);
   for (int b = 0; b < B; ++b) std::copy_n(embed.data() + int64_t(tokens[size_t(b)]) * H, H, x.data() + int64_t(b) * H);
   const float scale = 1.0f / std::sqrt(float(hd));
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& L = layers[l];
-    for (int b = 0; b < B; ++b) {
+    // Attention: every sequence on its own (its rows and cache), rows split over threads.
+    for_rows(B, [&](int b) {
+      std::vector<float> q(static_cast<size_t>(qd)), kv(size_t(2) * kd), o(static_cast<size_t>(qd)),
+          y(static_cast<size_t>(H));
       Seq& s = *seqs[size_t(b)];
       float* xb = x.data() + int64_t(b) * H;
       float* hb = h.data() + int64_t(b) * H;
@@ -524,15 +545,16 @@ Status MoeModel::Impl::step(const std::vector<Seq*>& seqs, const std::vector<int
       matvec(L.wo.data(), o.data(), H, qd, y.data());
       for (int i = 0; i < H; ++i) xb[i] += y[size_t(i)];
       rmsnorm(xb, L.post_norm.data(), H, cfg.rms_norm_eps, hb);
-    }
+    });
     MOEKIT_RETURN_IF_ERROR(moe(L, h, B, &x));
   }
   logits->resize(size_t(B) * V);
-  for (int b = 0; b < B; ++b) {
-    rmsnorm(x.data() + int64_t(b) * H, final_norm.data(), H, cfg.rms_norm_eps, h.data());
-    matvec(lm_head.data(), h.data(), V, H, logits->data() + int64_t(b) * V);
-    ++seqs[size_t(b)]->pos;
-  }
+  for_rows(B, [&](int b) {
+    float* hb = h.data() + int64_t(b) * H;
+    rmsnorm(x.data() + int64_t(b) * H, final_norm.data(), H, cfg.rms_norm_eps, hb);
+    matvec(lm_head.data(), hb, V, H, logits->data() + int64_t(b) * V);
+  });
+  for (int b = 0; b < B; ++b) ++seqs[size_t(b)]->pos;
   return Status::Ok();
 }
 
