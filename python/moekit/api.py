@@ -163,6 +163,9 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
              f"use_fp8_w8a8={use_fp8_w8a8} does not match the weights: w1 dtype is {w1.dtype}")
     _require(block_shape is None or (use_fp8_w8a8 and len(block_shape) == 2),
              f"block_shape: needs use_fp8_w8a8 and two sizes (bn, bk), got {block_shape}")
+    if not use_fp8_w8a8:
+        for name, v in (("w1_scale", w1_scale), ("w2_scale", w2_scale), ("a1_scale", a1_scale)):
+            _require(v is None, f"{name}: only used with use_fp8_w8a8=True")
     _require(not per_channel_quant or (w1_scale is not None and w1_scale.dim() >= 2 and block_shape is None),
              "per_channel_quant: needs per-row w1_scale [E, N] or [E, N, 1] and no block_shape, got "
              f"w1_scale shape {None if w1_scale is None else list(w1_scale.shape)}")
