@@ -2,6 +2,7 @@
 # builds against, as an imported target `moekit_torch_libs`, and sets
 #   MOEKIT_TORCH_CUDA   ON when that torch is a CUDA build
 #   MOEKIT_TORCH_LIBDIR its lib/ folder
+# and compiles everything after it with torch's _GLIBCXX_USE_CXX11_ABI.
 # A CPU-only torch turns MOEKIT_CUDA=AUTO into OFF (the extension could not reach a CUDA stream).
 #
 # NOTE: torch is asked through the Python interpreter (Python_EXECUTABLE, which scikit-build-core
@@ -41,9 +42,13 @@ message(STATUS "moekit: torch ${_moekit_torch_version} (CUDA build: ${MOEKIT_TOR
 
 add_library(moekit_torch_libs INTERFACE IMPORTED)
 target_include_directories(moekit_torch_libs SYSTEM INTERFACE ${_moekit_torch_includes})
-target_compile_definitions(moekit_torch_libs INTERFACE _GLIBCXX_USE_CXX11_ABI=${_moekit_torch_abi})
 target_link_libraries(moekit_torch_libs INTERFACE ${MOEKIT_TORCH_LIBDIR}/libtorch.so
                       ${MOEKIT_TORCH_LIBDIR}/libtorch_cpu.so ${MOEKIT_TORCH_LIBDIR}/libc10.so)
+
+# NOTE: the whole build (not only the extension) uses torch's C++ ABI: libmoekit's API passes
+# std::string (Status messages, names), which would not link across the two ABIs (torch wheels
+# before 2.7 use the pre-C++11 one).
+add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${_moekit_torch_abi})
 
 if(NOT MOEKIT_TORCH_CUDA AND MOEKIT_CUDA STREQUAL "AUTO")
   message(STATUS "moekit: torch has no CUDA; building the CPU backends only")
