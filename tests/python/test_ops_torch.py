@@ -83,6 +83,22 @@ def test_opcheck(name):
         check_mutations_bitwise(op, args)
 
 
+# Ops without a CUDA kernel (moekit ops --json lists the kernels per backend).
+NO_CUDA_KERNEL = ("shuffle_weight", "unshuffle_weight", "pack_weight", "unpack_weight", "fmoe_fp8_blockscale_g1u1")
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", [n for n in _ops.OP_NAMES if n not in NO_CUDA_KERNEL])
+def test_opcheck_cuda(name):
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("this torch has no torch.library.opcheck")
+    args = dict(op_cases("cuda"))[name]
+    op = getattr(torch.ops.moekit, name).default
+    has_fp8 = any(isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES for a in args)
+    utils = tuple(u for u in OPCHECK_UTILS if not (has_fp8 and u == "test_schema"))
+    torch.library.opcheck(op, args, test_utils=utils)
+
+
 def check_mutations_bitwise(op, args) -> None:
     """Every tensor argument not marked Tensor(a!) in the schema keeps every byte."""
     before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
