@@ -138,6 +138,22 @@ def test_compile_fullgraph_through_fused_experts(scheme):
 
 
 @requires_ops
+def test_compile_dynamic_token_count():
+    """One dynamic-shape graph serves every T, T = 0 included (the serving case)."""
+    x0, w1, w2, _, _ = moe_problem(1, 64, 32, 8, 2, seed=14)
+
+    def layer(x, g):
+        w, ids = moekit.fused_topk(x, g, 2, True)
+        return moekit.fused_experts(x, w1, w2, w, ids)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for T in (3, 17, 40, 0):
+        x, g = randn((T, 64), seed=T, dtype=torch.bfloat16), randn((T, 8), seed=T + 1)
+        assert torch.equal(compiled(x, g), layer(x, g))
+
+
+@requires_ops
 def test_compile_fullgraph_grouped_and_sigmoid_routing():
     g = randn((9, 32), seed=8)
     bias = randn((32,), seed=9, scale=0.1)
