@@ -1,0 +1,33 @@
+"""moekit: fused Mixture-of-Experts operators for PyTorch (torch.ops.moekit) and a vLLM-style API.
+
+    import moekit
+    w, ids = moekit.fused_topk(x, router_logits, topk=2, renormalize=True)
+    y = moekit.fused_experts(x, w1, w2, w, ids)
+
+Functions: moekit.api (fused_topk, grouped_topk, sigmoid_topk, fused_experts, shuffle_weight,
+unshuffle_weight, quantize_fp8, convert_fp8_fnuz_to_fn, sort_tokens); the raw ops:
+torch.ops.moekit.* (schemas in csrc/torch/schemas.cpp); the MoE layer: moekit.MoELayer
+(moekit.layer). MOEKIT_USE_FUSED_MOE=0 (read once, at import) routes every function to its
+pure-torch twin in moekit.reference. docs/python.md has the details.
+"""
+
+import torch as _torch
+
+from . import _ops
+from .api import *  # noqa: F401,F403
+from .api import USE_FUSED_MOE, __all__ as _api_all
+
+__version__ = "0.1.0"
+__all__ = list(_api_all) + ["MoELayer", "ops"]
+
+#: The raw ops (torch.ops.moekit), present when the extension is loaded.
+ops = _torch.ops.moekit if _ops.loaded else None
+
+
+def __getattr__(name):
+    # The layer module is imported on first use, so the functions above never depend on it.
+    if name == "MoELayer":
+        from .layer import MoELayer
+
+        return MoELayer
+    raise AttributeError(f"module 'moekit' has no attribute {name!r}")

@@ -1,0 +1,294 @@
+"""The public functions of the ``moekit`` package (vLLM fused-MoE conventions).
+
+Each function allocates its outputs and calls one torch.ops.moekit op (csrc/torch/), or, when the
+environment switch ``MOEKIT_USE_FUSED_MOE`` is off, the pure-torch twin of the same name prefixed
+``ref_`` in moekit.reference (same signature). The switch is read once, at import. The C++
+library's own switches (MOEKIT_BACKEND, MOEKIT_FORCE_KERNEL, MOEKIT_PRINT_DISPATCH,
+MOEKIT_DETERMINISTIC, MOEKIT_NUM_THREADS; docs/env.md) apply to the op path as they do in C++.
+
+Contracts: SPEC.md and include/moekit/ops/*.h; argument errors raise ValueError with the C++
+message ("moekit.fused_moe: topk_ids: shape must be [4, 2], got [4, 3]"), unsupported problems
+NotImplementedError. Tests: tests/python/test_ops.py; docs: docs/python.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from . import _ops
+
+__all__ = [
+    "USE_FUSED_MOE",
+    "fused_topk",
+    "grouped_topk",
+    "sigmoid_topk",
+    "fused_experts",
+    "shuffle_weight",
+    "unshuffle_weight",
+    "quantize_fp8",
+    "convert_fp8_fnuz_to_fn",
+    "sort_tokens",
+    "sort_tokens_max_padded",
+    "sort_tokens_max_blocks",
+]
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name}: must be 0 or 1 (or true/false, on/off, yes/no), got {os.environ[name]!r}")
+
+
+#: MOEKIT_USE_FUSED_MOE (default on): True = torch.ops.moekit, False = moekit.reference.
+USE_FUSED_MOE: bool = _env_flag("MOEKIT_USE_FUSED_MOE", True)
+
+if USE_FUSED_MOE and not _ops.loaded:
+    raise ImportError(f"moekit: the torch.ops.moekit extension is not available ({_ops.load_error}); "
+                      "set MOEKIT_USE_FUSED_MOE=0 to use the pure-torch reference instead")
+
+
+def _reference():
+    # Imported on first use: the op path never needs it.
+    from . import reference
+
+    return reference
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"moekit: {message}")
+
+
+def _check_tokens(hidden_states: Optional[torch.Tensor], gating_output: torch.Tensor) -> None:
+    _require(gating_output.dim() == 2, f"gating_output: must be 2-D [T, E], got shape {list(gating_output.shape)}")
+    if hidden_states is not None:
+        _require(hidden_states.shape[0] == gating_output.shape[0],
+                 f"hidden_states: must have the {gating_output.shape[0]} tokens of gating_output, "
+                 f"got shape {list(hidden_states.shape)}")
+
+
+def _routing_outputs(gating_output: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    T = gating_output.shape[0]
+    weights = torch.empty((T, topk), dtype=torch.float32, device=gating_output.device)
+    ids = torch.empty((T, topk), dtype=torch.int32, device=gating_output.device)
+    return weights, ids
+
+
+# ------------------------------------------------------------------------------------ routing
+def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int,
+               renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k (SPEC 1.1; Mixtral, Qwen3): (topk_weights f32 [T, k], topk_ids int32 [T, k])."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_fused_topk(hidden_states, gating_output, topk, renormalize)
+    _check_tokens(hidden_states, gating_output)
+    weights, ids = _routing_outputs(gating_output, topk)
+    token_expert_indices = torch.empty_like(ids)
+    torch.ops.moekit.topk_softmax(weights, ids, token_expert_indices, gating_output, renormalize)
+    return weights, ids
+
+
+def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
+                 num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
+                 e_score_correction_bias: Optional[torch.Tensor] = None,
+                 routed_scaling_factor: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Grouped top-k (SPEC 1.2; DeepSeek-V2/V3): (topk_weights f32 [T, k], topk_ids int32 [T, k]).
+
+    The correction bias is for selection only and is used in f32; routed_scaling_factor is applied
+    here, once (the model must not apply it again).
+    """
+    if not USE_FUSED_MOE:
+        return _reference().ref_grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group,
+                                             topk_group, scoring_func, e_score_correction_bias,
+                                             routed_scaling_factor)
+    _check_tokens(hidden_states, gating_output)
+    weights, ids = _routing_outputs(gating_output, topk)
+    bias = None if e_score_correction_bias is None else e_score_correction_bias.to(torch.float32)
+    torch.ops.moekit.grouped_topk(weights, ids, gating_output, bias, num_expert_group, topk_group, scoring_func,
+                                  renormalize, float(routed_scaling_factor))
+    return weights, ids
+
+
+def sigmoid_topk(gating_output: torch.Tensor, topk: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the raw logits, weight = sigmoid(logit), no renormalization (SPEC 1.3; Llama-4)."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_sigmoid_topk(gating_output, topk)
+    _check_tokens(None, gating_output)
+    weights, ids = _routing_outputs(gating_output, topk)
+    torch.ops.moekit.sigmoid_topk(weights, ids, gating_output)
+    return weights, ids
+
+
+# ----------------------------------------------------------------------------------- fused MoE
+def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, *, activation: str = "silu", apply_router_weight_on_input: bool = False,
+                  use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+                  block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
+                  w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
+                  expert_map: Optional[torch.Tensor] = None, global_num_experts: int = -1,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fused MoE (SPEC 3): returns out [T, H] of hidden_states' dtype (written in place when given).
+
+    w1 [E, 2I, H] (gate rows, then up rows; [E, I, H] = gate only), w2 [E, H, I]; topk_ids [T, k]
+    global expert ids (-1 = none), topk_weights [T, k]. Schemes, picked from the data (SPEC 6):
+      use_fp8_w8a8 and block_shape (bn, bk): fp8 weights, w1_scale [E, ceil(2I/bn), ceil(H/bk)],
+        w2_scale [E, ceil(H/bn), ceil(I/bk)], activations quantized per 1 x bk group  (SPEC 3.3)
+      use_fp8_w8a8: fp8 weights, per-tensor [E] or per-row [E, N(, 1)] scales, activations per
+        token (or the static a1_scale [1])                                             (SPEC 3.2)
+      otherwise: weights of hidden_states' dtype                                       (SPEC 3.1)
+    apply_router_weight_on_input (k == 1, Llama-4): the weight scales the expert input, no final
+    weight (SPEC 3.4). expert_map [Eg] int32: local index of each global expert or -1 (SPEC 3.5);
+    global_num_experts: Eg (-1 = len(expert_map), or E without a map). topk_ids / topk_weights of
+    another integer / float dtype are converted to int32 / float32.
+    """
+    if not USE_FUSED_MOE:
+        return _reference().ref_fused_experts(
+            hidden_states, w1, w2, topk_weights, topk_ids, activation=activation,
+            apply_router_weight_on_input=apply_router_weight_on_input, use_fp8_w8a8=use_fp8_w8a8,
+            per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
+            a1_scale=a1_scale, expert_map=expert_map, global_num_experts=global_num_experts, out=out)
+    fp8_weights = w1.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+    _require(use_fp8_w8a8 == fp8_weights,
+             f"use_fp8_w8a8={use_fp8_w8a8} does not match the weights: w1 dtype is {w1.dtype}")
+    _require(block_shape is None or (use_fp8_w8a8 and len(block_shape) == 2),
+             f"block_shape: needs use_fp8_w8a8 and two sizes (bn, bk), got {block_shape}")
+    if not use_fp8_w8a8:
+        for name, v in (("w1_scale", w1_scale), ("w2_scale", w2_scale), ("a1_scale", a1_scale)):
+            _require(v is None, f"{name}: only used with use_fp8_w8a8=True")
+    _require(not per_channel_quant or (w1_scale is not None and w1_scale.dim() >= 2 and block_shape is None),
+             "per_channel_quant: needs per-row w1_scale [E, N] or [E, N, 1] and no block_shape, got "
+             f"w1_scale shape {None if w1_scale is None else list(w1_scale.shape)}")
+    if expert_map is not None:
+        _require(global_num_experts in (-1, expert_map.shape[0]),
+                 f"global_num_experts: must be -1 or len(expert_map) = {expert_map.shape[0]}, got {global_num_experts}")
+        expert_map = expert_map.to(torch.int32)
+    else:
+        _require(global_num_experts in (-1, w1.shape[0]),
+                 f"global_num_experts: without expert_map must be -1 or E = {w1.shape[0]}, got {global_num_experts}")
+    if out is None:
+        out = torch.empty_like(hidden_states)
+    bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
+    torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int32),
+                               w1_scale, w2_scale, a1_scale, None, expert_map, activation,
+                               apply_router_weight_on_input, bn, bk)
+    return out
+
+
+# ------------------------------------------------------------------------------ weight layout
+def shuffle_weight(w: torch.Tensor, layout: Sequence[int] = (16, 16)) -> torch.Tensor:
+    """AITER (16, 16) weight layout (SPEC 4): same shape and dtype, bits permuted per [N, K] matrix."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_shuffle_weight(w, layout)
+    _require(tuple(layout) == (16, 16), f"layout: only (16, 16) is supported, got {tuple(layout)}")
+    out = torch.empty_like(w, memory_format=torch.contiguous_format)
+    torch.ops.moekit.shuffle_weight(out, w)
+    return out
+
+
+def unshuffle_weight(w: torch.Tensor) -> torch.Tensor:
+    """The exact inverse of shuffle_weight."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_unshuffle_weight(w)
+    out = torch.empty_like(w, memory_format=torch.contiguous_format)
+    torch.ops.moekit.unshuffle_weight(out, w)
+    return out
+
+
+# -------------------------------------------------------------------------------- quantization
+def _scale_shape(x: torch.Tensor, granularity: str, group: int, block: Sequence[int]) -> Tuple[int, ...]:
+    lead = tuple(x.shape[:-1])
+    if granularity == "per_tensor":
+        return (1,)
+    _require(x.dim() >= 1, f"x: {granularity} needs at least 1 dim, got shape {list(x.shape)}")
+    if granularity == "per_row":
+        return lead + (1,)
+    if granularity == "per_token_group":
+        _require(group >= 1, f"group: must be >= 1, got {group}")
+        return lead + (_ceil_div(x.shape[-1], group),)
+    if granularity == "block":
+        _require(x.dim() >= 2, f"x: block needs at least 2 dims, got shape {list(x.shape)}")
+        _require(len(block) == 2 and min(block) >= 1, f"block: must be two sizes >= 1, got {tuple(block)}")
+        return tuple(x.shape[:-2]) + (_ceil_div(x.shape[-2], block[0]), _ceil_div(x.shape[-1], block[1]))
+    raise ValueError(f"moekit: granularity: must be one of per_tensor, per_row, per_token_group, block, "
+                     f"got {granularity!r}")
+
+
+def quantize_fp8(x: torch.Tensor, granularity: str = "per_tensor", group: int = 128,
+                 block: Sequence[int] = (128, 128), dtype: torch.dtype = torch.float8_e4m3fn,
+                 scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp8 quantization (SPEC 5): (q of `dtype`, f32 scale).
+
+    Scale shapes: per_tensor [1]; per_row [..., 1]; per_token_group [..., ceil(K / group)]; block
+    [..., ceil(N / bn), ceil(K / bk)]. scale = max(amax, 1e-12) / fp8_max per group, q = fp8(x /
+    scale) (round to nearest even, saturate). A given `scale` (per_tensor only) is static.
+    """
+    if not USE_FUSED_MOE:
+        return _reference().ref_quantize_fp8(x, granularity, group, block, dtype, scale)
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if scale is not None:
+        _require(granularity == "per_tensor", f"scale: a static scale needs per_tensor, got {granularity!r}")
+        torch.ops.moekit.quantize_fp8_static(q, x, scale)
+        return q, scale
+    s = torch.empty(_scale_shape(x, granularity, group, block), dtype=torch.float32, device=x.device)
+    group_k = int(block[1]) if granularity == "block" else int(group)
+    block_n = int(block[0]) if granularity == "block" else 128
+    torch.ops.moekit.quantize_fp8(q, s, x, granularity, group_k, block_n)
+    return q, s
+
+
+def convert_fp8_fnuz_to_fn(q: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """e4m3fnuz checkpoint -> e4m3fn (SPEC 5): bits kept (NaN -> 0, +-240 -> +-448), scales x 0.5."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_convert_fp8_fnuz_to_fn(q, scale)
+    out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+    scale_out = torch.empty_like(scale)
+    torch.ops.moekit.convert_fp8(out, scale_out, q, scale)
+    return out, scale_out
+
+
+# ------------------------------------------------------------------------------------ sorting
+def sort_tokens_max_padded(num_tokens: int, topk: int, num_experts: int, block_m: int) -> int:
+    """Capacity of sorted_token_ids / sorted_weights (moekit/ops/sorting.h sort_tokens_max_padded)."""
+    spec = num_tokens * topk + num_experts * block_m - topk
+    worst = num_tokens * topk + min(num_experts, num_tokens * topk) * (block_m - 1)
+    return max(spec, worst, 0)
+
+
+def sort_tokens_max_blocks(num_tokens: int, topk: int, num_experts: int, block_m: int) -> int:
+    """Capacity of sorted_expert_ids: ceil(max_padded / block_m)."""
+    return _ceil_div(sort_tokens_max_padded(num_tokens, topk, num_experts, block_m), block_m)
+
+
+def sort_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int,
+                encoding: str = "packed", expert_mask: Optional[torch.Tensor] = None,
+                expert_map: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token sorting by local expert (SPEC 2; moe_sorting / moe_align_block_size). Always the op.
+
+    Returns (sorted_token_ids int32 [max_padded], sorted_weights f32 [max_padded], sorted_expert_ids
+    int32 [max_blocks], num_valid int32 [1]); encoding "packed" ((slot << 24) | token) or "flat"
+    (token * k + slot).
+    """
+    _require(topk_ids.dim() == 2, f"topk_ids: must be 2-D [T, k], got shape {list(topk_ids.shape)}")
+    T, k = topk_ids.shape
+    dev = topk_ids.device
+    padded = sort_tokens_max_padded(T, k, num_experts, block_m) if block_m >= 1 else 0
+    blocks = _ceil_div(padded, block_m) if block_m >= 1 else 0
+    sorted_ids = torch.empty(padded, dtype=torch.int32, device=dev)
+    sorted_weights = torch.empty(padded, dtype=torch.float32, device=dev)
+    sorted_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
+    num_valid = torch.empty(1, dtype=torch.int32, device=dev)
+    torch.ops.moekit.sort_tokens(sorted_ids, sorted_weights, sorted_experts, num_valid, topk_ids, topk_weights,
+                                 num_experts, block_m, encoding, expert_mask, expert_map)
+    return sorted_ids, sorted_weights, sorted_experts, num_valid
