@@ -40,6 +40,10 @@ fi
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   step "pip install pytest" "$PY" -m pip install -q pytest
 fi
+# transformers: the MoE blocks tests/python/test_layer_hf.py compares MoELayer with.
+if ! "$PY" -c "import transformers" 2>/dev/null; then
+  step "pip install transformers" "$PY" -m pip install -q transformers
+fi
 step "pip install . (libmoekit + torch.ops.moekit)" "$PY" -m pip install -q ${PIP_FLAGS[@]+"${PIP_FLAGS[@]}"} .
 # `import moekit` finds the installed package: the sources live in python/moekit, not on sys.path.
 step "pytest tests/python" "$PY" -m pytest -q -p no:cacheprovider --rootdir=. tests/python "$@"
