@@ -63,6 +63,26 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
       << detail << " | worst " << m.worst;
 }
 
+// g1u0 with gelu over a 4-of-E expert map: the problem the fp8 kernels' G1U0GeluAndExpertMap use.
+inline MoeProblem make_g1u0_gelu_expert_map(Scheme sc, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I) {
+  MoeShape s = small_shape(sc, T, E, k, H, I);
+  s.activation = Activation::gelu;
+  MoeProblemOptions o;
+  o.g1u1 = false;
+  o.local_experts = 4;
+  o.ep = ExpertParallel::map;
+  return make(s, o);
+}
+
+// Token 0 all zeros (the amax floor), token 3 large values (scaled, not saturated); T >= 4.
+inline void set_zero_and_large_rows(MoeProblem* prob) {
+  const int64_t H = prob->shape.H;
+  for (int64_t c = 0; c < H; ++c) {
+    prob->x.set(0 * H + c, 0.0f);
+    prob->x.set(3 * H + c, 3.0e4f * float((c % 7) - 3));
+  }
+}
+
 // Every case ok, and kernel a or b really ran in at least one; a case of theirs may be skipped only
 // when may_skip(case name, detail) says the refusal is by design.
 template <class MaySkip>

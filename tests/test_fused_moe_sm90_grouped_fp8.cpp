@@ -119,24 +119,14 @@ TEST(FusedMoeSm90GroupedFp8, StaticActivationScale) {
 
 TEST(FusedMoeSm90GroupedFp8, G1U0GeluAndExpertMap) {
   SKIP_WITHOUT_KERNEL();
-  MoeShape s = small_shape(Scheme::fp8_channel, 130, 10, 3, 256, 384);
-  s.activation = Activation::gelu;
-  MoeProblemOptions o;
-  o.g1u1 = false;
-  o.local_experts = 4;
-  o.ep = ExpertParallel::map;
-  MoeProblem prob = make(s, o);
+  MoeProblem prob = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 130, 10, 3, 256, 384);
   expect_matches_ref(prob);
 }
 
 TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   SKIP_WITHOUT_KERNEL();
   MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 60, 5, 2, 128, 128));
-  const int64_t H = prob.shape.H;
-  for (int64_t c = 0; c < H; ++c) {
-    prob.x.set(0 * H + c, 0.0f);                    // token 0: all zeros (the amax floor)
-    prob.x.set(3 * H + c, 3.0e4f * ((c % 7) - 3));  // token 3: large values (scaled, not saturated)
-  }
+  moe_test::set_zero_and_large_rows(&prob);
   expect_matches_ref(prob);
 }
 

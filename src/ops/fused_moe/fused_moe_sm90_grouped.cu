@@ -440,10 +440,8 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
                                               "fused_moe_sm90_grouped a"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kBf16, uint64_t(d.E * d.H), uint64_t(d.I),
                                               uint64_t(d.I), 128, "fused_moe_sm90_grouped w2"));
-  int dev = 0, sms = 0;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped: cudaGetDevice"));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                                    "fused_moe_sm90_grouped: cudaDeviceGetAttribute"));
+  int sms = 0;
+  MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped: SM count"));
   const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
   auto grid = [&](int n_tiles) { return unsigned(std::min<int64_t>(sms, l.tiles_max * n_tiles)); };
 
@@ -487,13 +485,8 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   auto* y = reinterpret_cast<float*>(base + l.y);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
 
-  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
-               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
-               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
-               local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles,
-               int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), bm};
-  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped route"));
+  MOEKIT_RETURN_IF_ERROR(launch_route(p, {local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles}, l.tk,
+                                      l.tiles_max, bm, s, "fused_moe_sm90_grouped route"));
 
   Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
                tile_expert, tile_row0, num_tiles, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};

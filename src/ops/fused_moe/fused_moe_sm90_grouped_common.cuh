@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/block_scan.cuh"
+#include "cuda/cuda_utils.h"
 #include "moekit/ops/fused_moe.h"
 
 namespace moekit::cuda::grouped {
@@ -186,6 +187,31 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
     store_out(out + c + 2, acc.z);
     store_out(out + c + 3, acc.w);
   }
+}
+
+// The routing lists of the workspace (RouteArgs' outputs).
+struct RouteLists {
+  int32_t *local, *offsets, *row_entry, *slot_row, *tile_expert, *tile_row0, *num_tiles;
+};
+
+// Launches route_kernel for p with bm-row M tiles (at most tiles_max) into `r`.
+inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t tk, int64_t tiles_max, int bm,
+                           cudaStream_t s, const char* what) {
+  const MoeDims d = moe_dims(p);
+  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
+               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
+               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
+               r.local, r.offsets, r.row_entry, r.slot_row, r.tile_expert, r.tile_row0, r.num_tiles,
+               int(tk), int(d.E), int(d.Eg), int(tiles_max), bm};
+  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
+  return last_launch(what);
+}
+
+// SMs of the current device (the persistent kernels launch at most one CTA per SM).
+inline Status device_sm_count(int* sms, const char* what) {
+  int dev = 0;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), what));
+  return check_cuda(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), what);
 }
 
 }  // namespace

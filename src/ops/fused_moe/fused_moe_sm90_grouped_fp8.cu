@@ -271,13 +271,10 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
   auto* y = reinterpret_cast<float*>(base + l.y);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
 
-  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
-               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
-               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
-               at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert), at(l.tile_row0),
-               at(l.num_tiles), int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), 128};
-  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 route"));
+  MOEKIT_RETURN_IF_ERROR(launch_route(p,
+                                      {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
+                                       at(l.tile_row0), at(l.num_tiles)},
+                                      l.tk, l.tiles_max, 128, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
   quant_rows_kernel<TT><<<unsigned(l.tk), kQuantThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
@@ -296,10 +293,8 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
                                               "fused_moe_sm90_grouped_fp8 aq"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
                                               uint64_t(d.I), 128, "fused_moe_sm90_grouped_fp8 w2"));
-  int dev = 0, sms = 0;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped_fp8: cudaGetDevice"));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                                    "fused_moe_sm90_grouped_fp8: cudaDeviceGetAttribute"));
+  int sms = 0;
+  MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
 
   const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
@@ -343,29 +338,8 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
 }  // namespace
 }  // namespace grouped
 
-Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
-                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
-                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map},
-                                         {"a1_scale", &p.a1_scale}}));
-  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
-    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
-  }
-  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
-    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
-  }
-  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
-                       " (this kernel reads row_major weights only)");
-  }
-  if (p.scale_block_n != 0 || p.scale_block_k != 0) {
-    return Unsupported("scale_block_n/k: block scales are not supported here, got ", p.scale_block_n, "x",
-                       p.scale_block_k);
-  }
+Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  bool rows1 = false, rows2 = false;  // each scale per tensor or per row, independently
-  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows1));
-  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &rows2));
   if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (fp8 K slice), got ", d.H);
   if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (fp8 K slice), got ", d.I);
   if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
@@ -385,6 +359,19 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
     return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
   }
   return Status::Ok();
+}
+
+Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
+  if (p.scale_block_n != 0 || p.scale_block_k != 0) {
+    return Unsupported("scale_block_n/k: block scales are not supported here, got ", p.scale_block_n, "x",
+                       p.scale_block_k);
+  }
+  const MoeDims d = moe_dims(p);
+  bool rows1 = false, rows2 = false;  // each scale per tensor or per row, independently
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows1));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &rows2));
+  return fused_moe_sm90_grouped_fp8_shape_supports(p);
 }
 
 size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {

@@ -35,6 +35,7 @@
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
 
@@ -343,13 +344,10 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
   auto fat = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
 
-  RouteArgs ra{p.topk_ids.ptr<const int32_t>(),
-               p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
-               p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
-               at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert), at(l.tile_row0),
-               at(l.num_tiles), int(l.tk), int(d.E), int(d.Eg), int(l.tiles_max), 128};
-  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block route"));
+  MOEKIT_RETURN_IF_ERROR(launch_route(p,
+                                      {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
+                                       at(l.tile_row0), at(l.num_tiles)},
+                                      l.tk, l.tiles_max, 128, s, "fused_moe_sm90_grouped_fp8_block route"));
   quant_groups_kernel<TT><<<unsigned(l.tk), kQThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
                                                                at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
                                                                int(d.H), base + l.xq, fat(l.sx));
@@ -365,10 +363,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
                                               128, "fused_moe_sm90_grouped_fp8_block aq"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
                                               uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8_block w2"));
-  int dev = 0, sms = 0;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "fused_moe_sm90_grouped_fp8_block: cudaGetDevice"));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                                    "fused_moe_sm90_grouped_fp8_block: cudaDeviceGetAttribute"));
+  int sms = 0;
+  MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8_block: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
 
   BlkArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
@@ -422,44 +418,14 @@ Status check_block_scale(const TensorView& s, const char* name, int64_t E, int64
 }  // namespace grouped
 
 Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
-                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
-                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map}}));
-  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
-    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
-  }
-  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
-    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
-  }
-  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
-                       " (this kernel reads row_major weights only)");
-  }
+  MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
   if (p.scale_block_n != grouped::kBlk || p.scale_block_k != grouped::kBlk) {
     return Unsupported("scale_block_n/k: 128 x 128 block scales only, got ", p.scale_block_n, "x", p.scale_block_k);
   }
+  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_shape_supports(p));
   const MoeDims d = moe_dims(p);
-  if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (scale block), got ", d.H);
-  if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (scale block), got ", d.I);
   MOEKIT_RETURN_IF_ERROR(grouped::check_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
-  MOEKIT_RETURN_IF_ERROR(grouped::check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I));
-  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
-  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
-  if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
-    return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
-  }
-  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
-    return Unsupported("w1/w2: data must be 16-byte aligned");
-  }
-  const int64_t tk = d.T * d.k;
-  if (tk > (int64_t(1) << 30) || tk * std::max(d.H, d.I) > (int64_t(1) << 40)) {
-    return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
-  }
-  if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
-  if (d.E * d.N1 >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
-    return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
-  }
-  return Status::Ok();
+  return grouped::check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I);
 }
 
 size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p) {

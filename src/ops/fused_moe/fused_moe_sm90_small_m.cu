@@ -538,20 +538,7 @@ Status run_fp8_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
 
 // Scale tensors of the fp8 variants: [E] (per tensor) or [E, N] / [E, N, 1] (per row), f32, device.
 Status supports_fp8_impl(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
-                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
-                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map},
-                                         {"a1_scale", &p.a1_scale}}));
-  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
-    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
-  }
-  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
-    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
-  }
-  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
-                       " (this kernel reads row_major weights only)");
-  }
+  MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
   if (p.scale_block_n != 0 || p.scale_block_k != 0) {
     return Unsupported("scale_block_n/k: block scales are not supported here, got ", p.scale_block_n, "x",
                        p.scale_block_k);
@@ -691,6 +678,24 @@ Status check_fp8_weight_scale(const TensorView& s, const char* name, int64_t E, 
     return Status::Ok();
   }
   return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
+}
+
+Status check_fp8_operands(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_device({{"x", &p.x}, {"w1", &p.w1}, {"w2", &p.w2}, {"topk_ids", &p.topk_ids},
+                                         {"topk_weights", &p.topk_weights}, {"out", &p.out},
+                                         {"expert_mask", &p.expert_mask}, {"expert_map", &p.expert_map},
+                                         {"a1_scale", &p.a1_scale}}));
+  if (p.x.dtype != DType::bf16 && p.x.dtype != DType::f16) {
+    return Unsupported("x: dtype ", dtype_name(p.x.dtype), " (this kernel does bf16 and f16 only)");
+  }
+  if (p.w1.dtype != DType::fp8_e4m3fn || p.w2.dtype != DType::fp8_e4m3fn) {
+    return Unsupported("w1/w2: fp8_e4m3fn weights only, got ", dtype_name(p.w1.dtype), "/", dtype_name(p.w2.dtype));
+  }
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("w1/w2: layout ", layout_name(p.w1.layout), "/", layout_name(p.w2.layout),
+                       " (this kernel reads row_major weights only)");
+  }
+  return Status::Ok();
 }
 
 Status fused_moe_small_m_supports(const FusedMoeParams& p) { return supports_impl(p); }

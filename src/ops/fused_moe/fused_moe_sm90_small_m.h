@@ -25,6 +25,10 @@ size_t fused_moe_small_m_workspace_bytes(const FusedMoeParams& p);
 // No allocation, no host synchronisation (CUDA-graph capturable); T = 0 launches nothing.
 Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx);
 
+// The operand checks every CUDA fp8 fused_moe kernel shares: all tensors on the device (a1_scale
+// too), x bf16 or f16, w1 / w2 fp8_e4m3fn row_major; unsupported naming the operand otherwise.
+Status check_fp8_operands(const FusedMoeParams& p);
+
 // Ok when s is a device f32 contiguous weight scale of the per-tensor [E] (*per_row = false) or per-row
 // [E, N] / [E, N, 1] (*per_row = true) shape, else unsupported naming `name` (fp8 kernels' supports()).
 Status check_fp8_weight_scale(const TensorView& s, const char* name, int64_t E, int64_t N, bool* per_row);
