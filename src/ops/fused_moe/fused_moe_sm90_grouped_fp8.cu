@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/fp8_encode.cuh"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -98,8 +99,8 @@ __device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
 
 // One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when
 // row_entry is given, else src row r) -> n e4m3fn codes q[r] and its scale s[r]:
-// s = max(amax, kFp8AmaxFloor) / 448 (or *fixed), code = e4m3fn(v / s) (f32_to_e4m3fn_bits, the
-// reference's encoder). n % 8 == 0, rows 16-byte aligned.
+// s = max(amax, kFp8AmaxFloor) / 448 (or *fixed), code = e4m3fn(v / s) (bit-identical to the
+// reference's f32_to_e4m3fn_bits: cuda/fp8_encode.cuh). n % 8 == 0, rows 16-byte aligned.
 template <class S>
 __global__ void __launch_bounds__(kQuantThreads)
     quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
@@ -132,13 +133,9 @@ __global__ void __launch_bounds__(kQuantThreads)
   for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
     float f[8];
     load8(v + c, f);
-    uint32_t lo = 0, hi = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      lo |= uint32_t(f32_to_e4m3fn_bits(f[i] / s)) << (8 * i);
-      hi |= uint32_t(f32_to_e4m3fn_bits(f[4 + i] / s)) << (8 * i);
-    }
-    *reinterpret_cast<uint2*>(qr + c) = make_uint2(lo, hi);
+    for (int i = 0; i < 8; ++i) f[i] = __fdiv_rn(f[i], s);
+    *reinterpret_cast<uint2*>(qr + c) = make_uint2(encode4_e4m3fn(f), encode4_e4m3fn(f + 4));
   }
   if (threadIdx.x == 0) scale[r] = s;
 }

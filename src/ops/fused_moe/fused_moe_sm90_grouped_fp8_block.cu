@@ -31,6 +31,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/fp8_encode.cuh"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -120,10 +121,9 @@ __global__ void __launch_bounds__(kQThreads)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
-    uint32_t codes = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) codes |= uint32_t(f32_to_e4m3fn_bits(f[i] / s)) << (8 * i);
-    *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kBlk + lane * 4) = codes;
+    for (int i = 0; i < 4; ++i) f[i] = __fdiv_rn(f[i], s);
+    *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kBlk + lane * 4) = encode4_e4m3fn(f);
     if (lane == 0) scale[int64_t(r) * G + g] = s;
   }
 }

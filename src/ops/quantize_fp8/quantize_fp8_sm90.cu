@@ -40,6 +40,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/fp8_encode.cuh"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
 
@@ -52,8 +53,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCachedChunks = 4;      // CPT of the register-cached group kernel
 constexpr int64_t kMaxGrid = 1 << 20;    // grid-stride beyond this many CTAs
 constexpr int64_t kMaxFlatGrid = 132 * 8;  // per_tensor kernels: 8 CTAs per SM of an H200
-constexpr float kFastLimit = 0x1p100f;   // |q| above this (or NaN) takes the scalar encoder,
-constexpr float kMinNormal = 0x1p-126f;  //   and so does an f32 subnormal q (which encodes to +-0)
 
 // ---------------------------------------------------------------- loads
 // Exact scalar decode of element i (the slow path's, and the source of a NaN's sign).
@@ -130,22 +129,6 @@ __device__ __forceinline__ float finite_amax(float m, const float (&v)[V]) {
 }
 
 // ---------------------------------------------------------------- encoding
-// Two e4m3fn codes: lo in the low byte (RNE, finite overflow saturates to +-448).
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// Four codes of finite quotients |q| <= kFastLimit, byte k = code of q[k].
-__device__ __forceinline__ uint32_t encode4(const float* q, bool fnuz) {
-  if (!fnuz) return cvt_e4m3x2(q[0], q[1]) | (cvt_e4m3x2(q[2], q[3]) << 16);
-  uint32_t w = cvt_e4m3x2(2.0f * q[0], 2.0f * q[1]) | (cvt_e4m3x2(2.0f * q[2], 2.0f * q[3]) << 16);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) w |= fabsf(q[k]) > 232.0f ? (1u << (8 * k)) : 0u;  // 0x7E -> 0x7F (240)
-  return w & ~__vcmpeq4(w, 0x80808080u);  // no negative zero in e4m3fnuz
-}
-
 // The reference's code of x / s (dtype.h's encoder); a NaN x keeps its sign (e4m3fn: 0xFF if negative).
 __device__ __forceinline__ uint32_t encode_exact(float x, float s, bool fnuz) {
   const float q = isnan(x) ? x : __fdiv_rn(x, s);
@@ -161,8 +144,7 @@ __device__ __forceinline__ void quantize_chunk(const void* in, uint8_t* out, int
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     q[k] = __fdiv_rn(v[k], s);
-    const float a = fabsf(q[k]);
-    fast = fast && a <= kFastLimit && (a >= kMinNormal || a == 0.0f);
+    fast = fast && fp8_fast_ok(q[k]);
   }
   if constexpr (V == 1) {
     const float q4[4] = {q[0], 0.0f, 0.0f, 0.0f};
