@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/block_scan.cuh"
@@ -187,6 +188,47 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
     store_out(out + c + 2, acc.z);
     store_out(out + c + 3, acc.w);
   }
+}
+
+// Workspace of the fp8 grouped kernels (byte offsets from a 256-byte aligned base): the routing lists,
+// x codes [Tk, H] + x_scales per row, a in f32 [Tk, I], a codes [Tk, I] + a_scales per row, and
+// `splits` f32 partials y [Tk, H]. fused_moe_sm90_grouped_fp8 (1 scale per row, split K) and
+// fused_moe_sm90_grouped_fp8_block (one per 128-group, 1 range).
+struct Fp8Workspace {
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
+  int64_t tk, tiles_max;
+  int splits;
+};
+constexpr size_t kFp8WsAlign = 256;
+
+inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int64_t a_scales, int splits) {
+  const MoeDims d = moe_dims(p);
+  Fp8Workspace l{};
+  l.tk = d.T * d.k;
+  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);  // 128-row M tiles
+  l.splits = splits;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + kFp8WsAlign - 1) / kFp8WsAlign * kFp8WsAlign;
+    return at;
+  };
+  const size_t tk = size_t(l.tk);
+  l.local = take(size_t(d.Eg) * 4);
+  l.offsets = take(size_t(d.E + 1) * 4);
+  l.row_entry = take(tk * 4);
+  l.slot_row = take(tk * 4);
+  l.tile_expert = take(size_t(l.tiles_max) * 4);
+  l.tile_row0 = take(size_t(l.tiles_max) * 4);
+  l.num_tiles = take(4);
+  l.xq = take(tk * size_t(d.H));
+  l.sx = take(tk * size_t(x_scales) * 4);
+  l.a = take(tk * size_t(d.I) * 4);
+  l.aq = take(tk * size_t(d.I));
+  l.sa = take(tk * size_t(a_scales) * 4);
+  l.y = take(size_t(splits) * tk * size_t(d.H) * 4);
+  l.total = off + kFp8WsAlign;  // the caller's workspace need not be aligned
+  return l;
 }
 
 // The routing lists of the workspace (RouteArgs' outputs).

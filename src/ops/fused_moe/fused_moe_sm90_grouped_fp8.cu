@@ -32,43 +32,14 @@ namespace {
 
 constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
 constexpr int kQuantThreads = 256;
-constexpr size_t kAlignFp8 = 256;
 
 // ---------------------------------------------------------------- workspace layout
-struct Fp8Layout {
-  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
-  int64_t tk, tiles_max;
-  int splits;  // gemm2 K ranges (fused_moe_sm90_grouped_gemm2_splits)
-};
-
-Fp8Layout fp8_layout_of(const FusedMoeParams& p) {
+// One scale per row for x and a; gemm2 in two K ranges when its work list is short.
+Fp8Workspace fp8_layout_of(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  Fp8Layout l{};
-  l.tk = d.T * d.k;
-  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);
-  l.splits = fused_moe_sm90_grouped_gemm2_splits(l.tiles_max, (d.H + 255) / 256, d.I / kSliceCodes);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += (bytes + kAlignFp8 - 1) / kAlignFp8 * kAlignFp8;
-    return at;
-  };
-  const size_t tk = size_t(l.tk);
-  l.local = take(size_t(d.Eg) * 4);
-  l.offsets = take(size_t(d.E + 1) * 4);
-  l.row_entry = take(tk * 4);
-  l.slot_row = take(tk * 4);
-  l.tile_expert = take(size_t(l.tiles_max) * 4);
-  l.tile_row0 = take(size_t(l.tiles_max) * 4);
-  l.num_tiles = take(4);
-  l.xq = take(tk * size_t(d.H));
-  l.sx = take(tk * 4);
-  l.a = take(tk * size_t(d.I) * 4);
-  l.aq = take(tk * size_t(d.I));
-  l.sa = take(tk * 4);
-  l.y = take(size_t(l.splits) * tk * size_t(d.H) * 4);
-  l.total = off + kAlignFp8;  // the caller's workspace need not be aligned
-  return l;
+  const int64_t tk = d.T * d.k, tiles_max = (tk + 127) / 128 + std::min<int64_t>(d.E, tk);
+  return fp8_workspace(p, 1, 1,
+                       fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes));
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
@@ -256,9 +227,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 template <class TT>
 Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
-  const Fp8Layout l = fp8_layout_of(p);
+  const Fp8Workspace l = fp8_layout_of(p);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
-  base += (kAlignFp8 - reinterpret_cast<uintptr_t>(base) % kAlignFp8) % kAlignFp8;
+  base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto* xq = base + l.xq;
   auto* aq = base + l.aq;

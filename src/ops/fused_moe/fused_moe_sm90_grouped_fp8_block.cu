@@ -48,41 +48,12 @@ constexpr int kBlk = 128;                                  // scale block (N and
 constexpr uint32_t kBoxBytes = 64 * 128;                   // one 64-row B box of 128 codes
 constexpr uint32_t kBlkStageBytes = kWsABytes + 2 * kBoxBytes;  // 32 KiB
 constexpr int kQThreads = 256;
-constexpr size_t kAlignB = 256;
 
 // ---------------------------------------------------------------- workspace layout
-struct BlkLayout {
-  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
-  int64_t tk, tiles_max;
-};
-
-BlkLayout blk_layout_of(const FusedMoeParams& p) {
+// One scale per 128-group of x and a rows; gemm2 in one K range.
+Fp8Workspace blk_layout_of(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  BlkLayout l{};
-  l.tk = d.T * d.k;
-  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += (bytes + kAlignB - 1) / kAlignB * kAlignB;
-    return at;
-  };
-  const size_t tk = size_t(l.tk);
-  l.local = take(size_t(d.Eg) * 4);
-  l.offsets = take(size_t(d.E + 1) * 4);
-  l.row_entry = take(tk * 4);
-  l.slot_row = take(tk * 4);
-  l.tile_expert = take(size_t(l.tiles_max) * 4);
-  l.tile_row0 = take(size_t(l.tiles_max) * 4);
-  l.num_tiles = take(4);
-  l.xq = take(tk * size_t(d.H));
-  l.sx = take(tk * size_t(d.H / kBlk) * 4);
-  l.a = take(tk * size_t(d.I) * 4);
-  l.aq = take(tk * size_t(d.I));
-  l.sa = take(tk * size_t(d.I / kBlk) * 4);
-  l.y = take(tk * size_t(d.H) * 4);
-  l.total = off + kAlignB;
-  return l;
+  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, 1);
 }
 
 // ---------------------------------------------------------------- per-group quantizer
@@ -337,9 +308,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
-  const BlkLayout l = blk_layout_of(p);
+  const Fp8Workspace l = blk_layout_of(p);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
-  base += (kAlignB - reinterpret_cast<uintptr_t>(base) % kAlignB) % kAlignB;
+  base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto fat = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
