@@ -445,26 +445,13 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
   const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
   auto grid = [&](int n_tiles) { return unsigned(std::min<int64_t>(sms, l.tiles_max * n_tiles)); };
 
-  auto* fn1 = [&]() {
-    switch (p.activation) {
-      case Activation::gelu:
-        return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::gelu> : gemm1_ws_kernel<TT, false, Activation::gelu>;
-      case Activation::gelu_tanh:
-        return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::gelu_tanh>
-                      : gemm1_ws_kernel<TT, false, Activation::gelu_tanh>;
-      case Activation::silu: break;
-    }
-    return d.g1u1 ? gemm1_ws_kernel<TT, true, Activation::silu> : gemm1_ws_kernel<TT, false, Activation::silu>;
-  }();
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-                                    "fused_moe_sm90_grouped gemm1: cudaFuncSetAttribute"));
-  fn1<<<grid(n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped gemm1"));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(
-      cudaFuncSetAttribute(gemm2_ws_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-      "fused_moe_sm90_grouped gemm2: cudaFuncSetAttribute"));
-  gemm2_ws_kernel<TT><<<grid(n_tiles2 * l.splits), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
-  return last_launch("fused_moe_sm90_grouped gemm2");
+  auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
+    return gemm1_ws_kernel<TT, decltype(g1u1)::value, decltype(act)::value>;
+  });
+  MOEKIT_RETURN_IF_ERROR(
+      launch_ws_kernel(fn1, grid(n_tiles1), s, "fused_moe_sm90_grouped gemm1", ma1, mb1, g1, n_tiles1));
+  return launch_ws_kernel(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), s, "fused_moe_sm90_grouped gemm2", ma2, mb2,
+                          g2, n_tiles2);
 }
 
 template <class TT>

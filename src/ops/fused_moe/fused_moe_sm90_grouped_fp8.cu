@@ -270,19 +270,11 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
                  p.topk_weights.ptr<const float>(), sx, p.w1_scale.ptr<const float>(), a, 0, int(d.H), int(d.I), 1,
                  w1_rows, p.weight_on_input};
   const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
-  auto* fn1 = [&]() {
-    switch (p.activation) {
-      case Activation::gelu: return d.g1u1 ? gemm1_fp8_kernel<true, Activation::gelu> : gemm1_fp8_kernel<false, Activation::gelu>;
-      case Activation::gelu_tanh:
-        return d.g1u1 ? gemm1_fp8_kernel<true, Activation::gelu_tanh> : gemm1_fp8_kernel<false, Activation::gelu_tanh>;
-      case Activation::silu: break;
-    }
-    return d.g1u1 ? gemm1_fp8_kernel<true, Activation::silu> : gemm1_fp8_kernel<false, Activation::silu>;
-  }();
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-                                    "fused_moe_sm90_grouped_fp8 gemm1: cudaFuncSetAttribute"));
-  fn1<<<grid(l.tiles_max * n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 gemm1"));
+  auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
+    return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
+  });
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
+                                          "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
 
   quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, at(l.offsets), int(d.E),
                                                                      int(d.I), nullptr, aq, sa);
@@ -291,11 +283,8 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
   Fp8GemmArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
                  p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
                  int(d.I), l.splits, w2_rows, false};
-  MOEKIT_RETURN_IF_ERROR(check_cuda(
-      cudaFuncSetAttribute(gemm2_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-      "fused_moe_sm90_grouped_fp8 gemm2: cudaFuncSetAttribute"));
-  gemm2_fp8_kernel<<<grid(l.tiles_max * n_tiles2 * l.splits), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 gemm2"));
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), s,
+                                          "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2));
 
   ReduceArgs rd{y, l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), l.splits, p.weight_on_input};

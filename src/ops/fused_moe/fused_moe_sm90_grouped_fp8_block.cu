@@ -342,19 +342,11 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
              p.topk_weights.ptr<const float>(), fat(l.sx), p.w1_scale.ptr<const float>(), fat(l.a), int(d.H), int(d.I),
              int(l.tk), p.weight_on_input};
   const int n_tiles1 = int(d.g1u1 ? d.I / 64 : d.I / kBlk), n_tiles2 = int(d.H / kBlk);
-  auto* fn1 = [&]() {
-    switch (p.activation) {
-      case Activation::gelu: return d.g1u1 ? gemm1_blk_kernel<true, Activation::gelu> : gemm1_blk_kernel<false, Activation::gelu>;
-      case Activation::gelu_tanh:
-        return d.g1u1 ? gemm1_blk_kernel<true, Activation::gelu_tanh> : gemm1_blk_kernel<false, Activation::gelu_tanh>;
-      case Activation::silu: break;
-    }
-    return d.g1u1 ? gemm1_blk_kernel<true, Activation::silu> : gemm1_blk_kernel<false, Activation::silu>;
-  }();
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-                                    "fused_moe_sm90_grouped_fp8_block gemm1: cudaFuncSetAttribute"));
-  fn1<<<grid(l.tiles_max * n_tiles1), kWsThreads, kWsSmemBytes, s>>>(ma1, mb1, g1, n_tiles1);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block gemm1"));
+  auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
+    return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value>;
+  });
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
+                                          "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
 
   quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(fat(l.a), d.I, nullptr, 1, at(l.offsets), int(d.E),
                                                                   int(d.I), base + l.aq, fat(l.sa));
@@ -363,11 +355,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H),
              int(d.I), int(l.tk), false};
-  MOEKIT_RETURN_IF_ERROR(check_cuda(
-      cudaFuncSetAttribute(gemm2_blk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
-      "fused_moe_sm90_grouped_fp8_block gemm2: cudaFuncSetAttribute"));
-  gemm2_blk_kernel<<<grid(l.tiles_max * n_tiles2), kWsThreads, kWsSmemBytes, s>>>(ma2, mb2, g2, n_tiles2);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block gemm2"));
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), s,
+                                          "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2));
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};

@@ -27,6 +27,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "cuda/cuda_utils.h"
+#include "moekit/ops/fused_moe.h"
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
 
@@ -233,6 +238,30 @@ __device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, 
     ws_consume_tile<TT>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
     epi(it, acc);
   }
+}
+
+// ---------------------------------------------------------------- host side of the WS kernels
+// Launches a persistent WS kernel (kWsThreads threads, kWsSmemBytes of dynamic shared memory) on
+// `grid` CTAs; errors name `what`.
+template <class... P, class... A>
+inline Status launch_ws_kernel(void (*fn)(P...), unsigned grid, cudaStream_t s, const char* what, A&&... args) {
+  MOEKIT_RETURN_IF_ERROR(
+      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes), what));
+  fn<<<grid, kWsThreads, kWsSmemBytes, s>>>(std::forward<A>(args)...);
+  return last_launch(what);
+}
+
+// f(g1u1, act) instantiated for the runtime (activation, g1u1): g1u1 is std::bool_constant, act an
+// integral_constant of Activation, so f can name a kernel template instance; returns what f returns.
+template <class F>
+inline auto pick_gemm1(Activation a, bool g1u1, F f) {
+  auto by = [&](auto act) { return g1u1 ? f(std::true_type{}, act) : f(std::false_type{}, act); };
+  switch (a) {
+    case Activation::gelu: return by(std::integral_constant<Activation, Activation::gelu>{});
+    case Activation::gelu_tanh: return by(std::integral_constant<Activation, Activation::gelu_tanh>{});
+    case Activation::silu: break;
+  }
+  return by(std::integral_constant<Activation, Activation::silu>{});
 }
 
 }  // namespace moekit::cuda::grouped
