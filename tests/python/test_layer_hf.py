@@ -170,8 +170,9 @@ def test_layer_matches_hf_block(family, dtype, device):
 @pytest.mark.parametrize("quant", ["fp8_per_tensor", "fp8_per_row", "fp8_block"])
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_layer_fp8_close_to_hf_block(family, quant, device):
-    if device == "cuda" and quant == "fp8_block":
-        pytest.skip("moekit has no CUDA fp8 block-scale fused_moe kernel yet (CPU and reference only)")
+    if device == "cuda" and quant == "fp8_block" and family == "mixtral":
+        # fused_moe_sm90_grouped_fp8_block takes H and I multiples of 128; this Mixtral block has I 192.
+        pytest.skip("the CUDA fp8 block-scale kernel needs I % 128 == 0 (this block: I = 192)")
     block = make_block(family, seed=7).to(device=device, dtype=torch.bfloat16)
     H = block.experts.hidden_dim
     x = torch.randn(33, H, generator=torch.Generator().manual_seed(8)).to(device=device, dtype=torch.bfloat16)
