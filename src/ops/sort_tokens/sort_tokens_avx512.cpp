@@ -23,6 +23,7 @@
 #include "cpu/cpu_simd.h"
 #include "cpu/thread_pool.h"
 #include "moekit/ops/sorting.h"
+#include "ops/sort_tokens/sort_tokens_local.h"
 
 namespace moekit::cpu {
 
@@ -45,27 +46,6 @@ Status supports(const SortTokensParams& p) {
                                                      {"sorted_expert_ids", &p.sorted_expert_ids},
                                                      {"num_valid", &p.num_valid},
                                                      {"error_count", &p.error_count}});
-}
-
-// local[g] = local expert of global expert g, or -1 when it is not held here.
-std::vector<int32_t> local_table(const SortTokensParams& p) {
-  if (p.expert_mask.present()) {
-    const int32_t* mask = p.expert_mask.ptr<const int32_t>();
-    std::vector<int32_t> local(static_cast<size_t>(p.expert_mask.shape[0]));
-    int32_t cumsum = 0;
-    for (size_t g = 0; g < local.size(); ++g) {
-      cumsum += mask[g];
-      local[g] = mask[g] ? cumsum - 1 : -1;
-    }
-    return local;
-  }
-  if (p.expert_map.present()) {
-    const int32_t* map = p.expert_map.ptr<const int32_t>();
-    return std::vector<int32_t>(map, map + p.expert_map.shape[0]);
-  }
-  std::vector<int32_t> local(static_cast<size_t>(p.num_experts));
-  for (size_t g = 0; g < local.size(); ++g) local[g] = int32_t(g);
-  return local;
 }
 
 // out[i] = v for i in [b, e).
@@ -174,7 +154,7 @@ Status run(const SortTokensParams& p, const RunContext&) {
   pl.bm = p.block_m;
   pl.ids = p.topk_ids.ptr<const int32_t>();
   pl.weights = p.topk_weights.ptr<const float>();
-  pl.local = local_table(p);
+  pl.local = sort_tokens_local_table(p);
   pl.Eg = int64_t(pl.local.size());
   for (size_t g = 0; g < pl.local.size(); ++g) {
     // NOTE: validate_sort_tokens() guarantees this; re-checked so a direct Kernel::run call on an

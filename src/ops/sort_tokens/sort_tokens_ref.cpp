@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moekit/ops/sorting.h"
+#include "ops/sort_tokens/sort_tokens_local.h"
 #include "ref/ref_kernels.h"
 
 namespace moekit::ref {
@@ -29,27 +30,6 @@ Status supports(const SortTokensParams& p) {
                        {"error_count", &p.error_count}});
 }
 
-// local[g] = local expert of global expert g, or -1 when it is not held here.
-std::vector<int32_t> local_table(const SortTokensParams& p) {
-  if (p.expert_mask.present()) {
-    const int32_t* mask = p.expert_mask.ptr<int32_t>();
-    std::vector<int32_t> local(static_cast<size_t>(p.expert_mask.shape[0]));
-    int32_t cumsum = 0;
-    for (size_t g = 0; g < local.size(); ++g) {
-      cumsum += mask[g];
-      local[g] = mask[g] ? cumsum - 1 : -1;
-    }
-    return local;
-  }
-  if (p.expert_map.present()) {
-    const int32_t* map = p.expert_map.ptr<int32_t>();
-    return std::vector<int32_t>(map, map + p.expert_map.shape[0]);
-  }
-  std::vector<int32_t> local(static_cast<size_t>(p.num_experts));
-  for (size_t g = 0; g < local.size(); ++g) local[g] = int32_t(g);
-  return local;
-}
-
 Status run(const SortTokensParams& p, const RunContext&) {
   const int64_t T = p.topk_ids.shape[0], k = p.topk_ids.shape[1];
   const int64_t E = p.num_experts, bm = p.block_m;
@@ -57,7 +37,7 @@ Status run(const SortTokensParams& p, const RunContext&) {
   const int64_t max_blocks = p.sorted_expert_ids.shape[0];
   const int32_t* ids = p.topk_ids.ptr<int32_t>();
   const float* weights = p.topk_weights.ptr<float>();
-  const std::vector<int32_t> local = local_table(p);
+  const std::vector<int32_t> local = sort_tokens_local_table(p);
   const int64_t Eg = int64_t(local.size());
 
   // Pass 1: counts per local expert. An id outside [-1, Eg) is rejected here, before any write.
