@@ -12,4 +12,14 @@ namespace moekit::cpu {
 int num_threads();
 void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
+// parallel_for(n, fn) when `parallel`, else fn(0, n) on the calling thread: for calls too small to
+// pay for waking the pool (each kernel states its threshold).
+inline void parallel_for_if(bool parallel, int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn) {
+  if (parallel) {
+    parallel_for(n, fn);
+  } else {
+    fn(0, n);
+  }
+}
+
 }  // namespace moekit::cpu

@@ -182,11 +182,7 @@ Status run(const QuantizeFp8Params& p, const RunContext&) {
   if (p.granularity == QuantGranularity::per_tensor) return per_tensor(p, f);
   const Tiling t = tiling_of(p);
   const int64_t blocks = t.B * ((t.R + t.bn - 1) / t.bn);
-  if (p.in.numel() < kSerialElems) {
-    row_blocks(p, f, t, 0, blocks);
-  } else {
-    parallel_for(blocks, [&](int64_t w0, int64_t w1) { row_blocks(p, f, t, w0, w1); });
-  }
+  parallel_for_if(p.in.numel() >= kSerialElems, blocks, [&](int64_t w0, int64_t w1) { row_blocks(p, f, t, w0, w1); });
   return Status::Ok();
 }
 

@@ -59,11 +59,8 @@ MOEKIT_CPU_AVX512 void row_blocks(const ShuffleWeightParams& p, bool inverse, in
 void permute(const ShuffleWeightParams& p, bool inverse) {
   const int64_t N = p.in.size(-2), K = p.in.size(-1);
   const int64_t blocks = p.in.numel() / (N * K) * (N / kShuffleTileN);
-  if (p.in.numel() * dtype_size(p.in.dtype) < kSerialBytes) {
-    row_blocks(p, inverse, 0, blocks);
-  } else {
-    parallel_for(blocks, [&](int64_t w0, int64_t w1) { row_blocks(p, inverse, w0, w1); });
-  }
+  parallel_for_if(p.in.numel() * dtype_size(p.in.dtype) >= kSerialBytes, blocks,
+                  [&](int64_t w0, int64_t w1) { row_blocks(p, inverse, w0, w1); });
 }
 
 Status run_shuffle(const ShuffleWeightParams& p, const RunContext&) {

@@ -50,11 +50,7 @@ MOEKIT_CPU_AVX512 void rows(const SigmoidTopkParams& p, int64_t t0, int64_t t1) 
 
 Status run(const SigmoidTopkParams& p, const RunContext&) {
   const int64_t T = p.gating.shape[0];
-  if (T * p.gating.shape[1] < kSerialWork) {
-    rows(p, 0, T);
-  } else {
-    parallel_for(T, [&](int64_t t0, int64_t t1) { rows(p, t0, t1); });
-  }
+  parallel_for_if(T * p.gating.shape[1] >= kSerialWork, T, [&](int64_t t0, int64_t t1) { rows(p, t0, t1); });
   return Status::Ok();
 }
 
