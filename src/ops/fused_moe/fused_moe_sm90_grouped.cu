@@ -510,11 +510,16 @@ Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p) {
   }
   if (d.H % 64 != 0) return Unsupported("x: hidden size H must be a multiple of 64 (K slice), got ", d.H);
   if (d.I % 64 != 0) return Unsupported("w2: intermediate size I must be a multiple of 64 (K slice / N tile), got ", d.I);
-  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
-  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
   if (!p.round_intermediate) {
     return Unsupported("round_intermediate: must be true (the second GEMM reads a in x's dtype), got false");
   }
+  return fused_moe_sm90_grouped_limits(p);
+}
+
+Status fused_moe_sm90_grouped_limits(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
+  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
   if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
     return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
   }
@@ -526,9 +531,8 @@ Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p) {
     return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
   }
   if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
-  if (d.E * (d.g1u1 ? 2 : 1) * d.I >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
-    return Unsupported("w1/w2: E * N = ", d.E * (d.g1u1 ? 2 : 1) * d.I, " / ", d.E * d.H,
-                       " weight rows exceed 32-bit TMA coordinates");
+  if (d.E * d.N1 >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
+    return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
   }
   return Status::Ok();
 }

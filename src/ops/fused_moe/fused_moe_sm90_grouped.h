@@ -34,6 +34,9 @@ namespace moekit::cuda {
 // ok, or why the kernel refuses p (host tensors, f32, shuffled weights, H or I not multiples of 64,
 // k > 32, E > 1024, round_intermediate off, misaligned x rows).
 Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p);
+// The limits every grouped kernel (bf16 / f16 and fp8) shares: k <= 32, E <= 1024, 16-byte aligned x
+// rows and weights, 32-bit row indices and TMA coordinates; unsupported naming the value otherwise.
+Status fused_moe_sm90_grouped_limits(const FusedMoeParams& p);
 // Workspace bytes for p (routing lists, the intermediate a [T*k, I] and y [T*k, H] f32).
 size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p);
 // Runs the kernel (p validated and supported, T >= 1, ctx.workspace on the device).

@@ -299,23 +299,7 @@ Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (fp8 K slice), got ", d.H);
   if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (fp8 K slice), got ", d.I);
-  if (d.k > grouped::kMaxK) return Unsupported("topk_ids: k must be <= ", grouped::kMaxK, ", got ", d.k);
-  if (d.E > grouped::kMaxE) return Unsupported("w1: local experts E must be <= ", grouped::kMaxE, ", got ", d.E);
-  if (p.x.stride[0] % 8 != 0 || reinterpret_cast<uintptr_t>(p.x.data) % 16 != 0) {
-    return Unsupported("x: rows must be 16-byte aligned (row stride % 8 elements), got stride ", p.x.stride[0]);
-  }
-  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
-    return Unsupported("w1/w2: data must be 16-byte aligned");
-  }
-  const int64_t tk = d.T * d.k;
-  if (tk > (int64_t(1) << 30) || tk * std::max(d.H, d.I) > (int64_t(1) << 40)) {
-    return Unsupported("x: T*k = ", tk, " too large for 32-bit row indices");
-  }
-  if (d.T > 0x7fffffff) return Unsupported("x: T too large for the grid, got ", d.T);
-  if (d.E * d.N1 >= (int64_t(1) << 31) || d.E * d.H >= (int64_t(1) << 31)) {
-    return Unsupported("w1/w2: E * N = ", d.E * d.N1, " / ", d.E * d.H, " weight rows exceed 32-bit TMA coordinates");
-  }
-  return Status::Ok();
+  return fused_moe_sm90_grouped_limits(p);
 }
 
 Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {

@@ -27,8 +27,8 @@ namespace moekit::cuda {
 // ok, or why the kernel refuses p (host tensors, non-fp8 weights, block scales, H or I not multiples
 // of 128, k > 32, E > 1024, misaligned rows).
 Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p);
-// The size / alignment limits shared with fused_moe_sm90_grouped_fp8_block (H, I multiples of 128,
-// k <= 32, E <= 1024, 16-byte aligned rows, 32-bit row and TMA coordinates).
+// The size limits shared with fused_moe_sm90_grouped_fp8_block: H, I multiples of 128, then
+// fused_moe_sm90_grouped_limits.
 Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p);
 // Workspace bytes for p (routing lists, x and a codes + scales, a in f32, y in f32).
 size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p);
