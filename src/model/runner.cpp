@@ -216,6 +216,7 @@ Status make_experts(const std::vector<float>& w1f, const std::vector<float>& w2f
 struct Layer {
   std::vector<float> in_norm, post_norm, wq, wk, wv, wo, router, bias;
   Experts experts, shared;
+  std::unique_ptr<DevBuf> d_bias;  // cuda: the correction bias on the device (deepseek)
 };
 
 // fn(b) for b in [0, n), contiguous ranges on up to hardware_concurrency threads (rows are
@@ -243,7 +244,7 @@ struct MoeModel::Impl {
   Tokenizer tok;
   RunnerOptions opts;
   const DeviceOps* dev = nullptr;  // cuda backend: the MoE ops run on the device
-  DevBuf d_x, d_out, d_ids, d_w, d_logits, d_bias, d_ws;
+  DevBuf d_x, d_out, d_ids, d_w, d_logits, d_ws;
   std::vector<float> embed, lm_head, final_norm;
   std::vector<Layer> layers;
   std::vector<float> inv_freq;  // [head_dim / 2], as Hugging Face computes it (f32)
@@ -256,8 +257,10 @@ struct MoeModel::Impl {
 
   Status load(const std::string& dir);
   Status moe(const Layer& L, const std::vector<float>& h, int B, std::vector<float>* x);
+  // routed_on_device: cuda only, ids / w are already in d_ids / d_w (the routing op's outputs).
   Status run_experts(const Experts& ex, const std::vector<float>& h, int B, const int32_t* ids, const float* w, int k,
-                     bool on_input, std::vector<float>* x);
+                     bool on_input, std::vector<float>* x,
+                     bool routed_on_device = false);
   // Advances every sequence by one token (tokens[b] at seqs[b]->pos) and writes logits [B, vocab].
   Status step(const std::vector<Seq*>& seqs, const std::vector<int32_t>& tokens, std::vector<float>* logits);
   Seq new_seq() const {
@@ -337,6 +340,10 @@ Status MoeModel::Impl::load(const std::string& dir) {
     if (dev != nullptr) {
       MOEKIT_RETURN_IF_ERROR(L.experts.upload(dev));
       if (cfg.shared_expert) MOEKIT_RETURN_IF_ERROR(L.shared.upload(dev));
+      if (!L.bias.empty()) {
+        L.d_bias = std::make_unique<DevBuf>();
+        MOEKIT_RETURN_IF_ERROR(L.d_bias->upload(dev, L.bias.data(), L.bias.size() * 4));
+      }
     }
   }
   // Hugging Face: inv_freq = 1 / theta ^ (arange(0, hd, 2) / hd), all in f32.
@@ -349,7 +356,8 @@ Status MoeModel::Impl::load(const std::string& dir) {
 
 // x[b] += experts(h[b]) routed by ids / weights [B, k] (on_input: the weight scales the expert input).
 Status MoeModel::Impl::run_experts(const Experts& ex, const std::vector<float>& h, int B, const int32_t* ids,
-                                   const float* w, int k, bool on_input, std::vector<float>* x) {
+                                   const float* w, int k, bool on_input, std::vector<float>* x,
+                                   bool routed_on_device) {
   const int H = ex.H;
   const DType xd = ex.dtype == DType::f32 ? DType::f32 : DType::bf16;
   const int eb = dtype_size(xd);
@@ -364,8 +372,10 @@ Status MoeModel::Impl::run_experts(const Experts& ex, const std::vector<float>& 
   if (on_dev) {
     MOEKIT_RETURN_IF_ERROR(d_x.upload(dev, xin.data(), xin.size()));
     MOEKIT_RETURN_IF_ERROR(d_out.ensure(dev, out.size()));
-    MOEKIT_RETURN_IF_ERROR(d_ids.upload(dev, ids, size_t(B) * k * 4));
-    MOEKIT_RETURN_IF_ERROR(d_w.upload(dev, w, size_t(B) * k * 4));
+    if (!routed_on_device) {
+      MOEKIT_RETURN_IF_ERROR(d_ids.upload(dev, ids, size_t(B) * k * 4));
+      MOEKIT_RETURN_IF_ERROR(d_w.upload(dev, w, size_t(B) * k * 4));
+    }
     px = d_x.p, pout = d_out.p, pids = d_ids.p, pw = d_w.p;
   }
   FusedMoeParams p;
@@ -414,8 +424,8 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   std::vector<float> logits(size_t(B) * E), w(size_t(B) * k);
   std::vector<int32_t> ids(size_t(B) * k);
   for (int b = 0; b < B; ++b) matvec(L.router.data(), h.data() + int64_t(b) * H, E, H, logits.data() + int64_t(b) * E);
-  // cuda: the routing op runs on device copies of the logits; ids / weights come back to the host
-  // (run_experts sends them again: a few bytes per token).
+  // cuda: the routing op runs on a device copy of the logits and leaves ids / weights in d_ids / d_w
+  // for the routed fused_moe.
   const bool on_dev = dev != nullptr;
   const Device where = on_dev ? Device::cuda : Device::cpu;
   void* pl = logits.data();
@@ -426,8 +436,7 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
     MOEKIT_RETURN_IF_ERROR(d_logits.upload(dev, logits.data(), logits.size() * 4));
     MOEKIT_RETURN_IF_ERROR(d_w.ensure(dev, w.size() * 4));
     MOEKIT_RETURN_IF_ERROR(d_ids.ensure(dev, ids.size() * 4));
-    MOEKIT_RETURN_IF_ERROR(d_bias.upload(dev, L.bias.data(), L.bias.size() * 4));
-    pl = d_logits.p, pw = d_w.p, pi = d_ids.p, pb = d_bias.p;
+    pl = d_logits.p, pw = d_w.p, pi = d_ids.p, pb = L.d_bias ? L.d_bias->p : nullptr;
   }
   const TensorView gv = TensorView::contiguous(pl, DType::f32, {B, E}, where);
   const TensorView wv = TensorView::contiguous(pw, DType::f32, {B, k}, where);
@@ -461,13 +470,8 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   }
   if (o.kernel == nullptr) return Unsupported(op, ": no ", backend_name(opts.backend), " kernel accepts the router");
   MOEKIT_RETURN_IF_ERROR(st);
-  if (on_dev) {
-    MOEKIT_RETURN_IF_ERROR(dev->synchronize());
-    MOEKIT_RETURN_IF_ERROR(dev->copy_to_host(w.data(), d_w.p, w.size() * 4));
-    MOEKIT_RETURN_IF_ERROR(dev->copy_to_host(ids.data(), d_ids.p, ids.size() * 4));
-  }
   const bool on_input = cfg.family == Family::llama4;
-  MOEKIT_RETURN_IF_ERROR(run_experts(L.experts, h, B, ids.data(), w.data(), k, on_input, x));
+  MOEKIT_RETURN_IF_ERROR(run_experts(L.experts, h, B, ids.data(), w.data(), k, on_input, x, on_dev));
   if (cfg.shared_expert) {
     const std::vector<int32_t> zero(size_t(B), 0);
     const std::vector<float> one(size_t(B), 1.0f);
