@@ -98,7 +98,8 @@ Status erase_run(const void* p, const RunContext& ctx) {
 
 // Memory and timing operations of a device backend (the CUDA backend registers them), so front ends
 // and tests move data and time device work without including device headers. All synchronous
-// unless stated.
+// unless stated: copy_to_device's data is on the device for every stream when it returns;
+// copy_to_host does not wait for work on other streams (synchronize them first).
 struct DeviceOps {
   Status (*alloc)(size_t bytes, void** out);
   void (*free)(void* p);

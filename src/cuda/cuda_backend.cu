@@ -42,7 +42,12 @@ void dev_free(void* p) {
 }
 Status to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::Ok();
-  return check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  // cudaMemcpy from pageable memory may return before the DMA into dst is done, and work on a
+  // cudaStreamNonBlocking stream does not wait for it: the legacy stream is synchronized so the
+  // data is on the device, for every stream, when this returns (a CUDA-graph replay on a
+  // non-blocking stream read half-copied inputs without this).
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D"));
+  return check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize after H2D");
 }
 Status to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::Ok();
