@@ -8,7 +8,6 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <tuple>
 
 #include "moekit/core/dtype.h"
@@ -16,6 +15,7 @@
 #include "moekit/ops/fused_moe.h"
 #include "moekit/ops/quant.h"
 #include "moekit/ops/routing.h"
+#include "cpu/thread_pool.h"
 
 namespace moekit::model {
 
@@ -219,22 +219,13 @@ struct Layer {
   std::unique_ptr<DevBuf> d_bias;  // cuda: the correction bias on the device (deepseek)
 };
 
-// fn(b) for b in [0, n), contiguous ranges on up to hardware_concurrency threads (rows are
-// independent, so the result does not depend on the split).
+// fn(b) for b in [0, n) on the CPU backend's thread pool (contiguous ranges; rows are independent,
+// so the result does not depend on the split). Small batches stay on the calling thread.
 template <class Fn>
 void for_rows(int n, const Fn& fn) {
-  const int nt = std::max(1, std::min<int>(n / 4, int(std::thread::hardware_concurrency())));
-  if (nt <= 1) {
-    for (int b = 0; b < n; ++b) fn(b);
-    return;
-  }
-  std::vector<std::thread> threads;
-  for (int t = 0; t < nt; ++t) {
-    threads.emplace_back([&, t] {
-      for (int b = n * t / nt; b < n * (t + 1) / nt; ++b) fn(b);
-    });
-  }
-  for (std::thread& th : threads) th.join();
+  cpu::parallel_for_if(n >= 8, n, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) fn(int(b));
+  });
 }
 
 }  // namespace
