@@ -2,18 +2,23 @@
 // on the three smoke models committed under tests/data/models/ (random-ish tiny weights, 30 training
 // steps; `python3 tools/train/train.py --smoke` wrote them with reference_logits.safetensors):
 // teacher-forced logits (max abs diff, top-1 agreement with the reference's argmax), greedy decoding
-// equal to the argmax chain of the logits, every scheme and backend running, and config / load errors.
+// equal to the argmax chain of the logits, every scheme and backend running, and config / load errors;
+// and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's.
 // Run: ./build/tests/moekit_tests --gtest_filter='ModelRunner*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "moekit/model/runner.h"
 #include "moekit/model/safetensors.h"
 #include "moekit/registry.h"
+#include "nlohmann/json.hpp"
 
 namespace moekit::model {
 namespace {
@@ -29,9 +34,9 @@ struct Reference {
   int64_t S = 0;
 };
 
-Reference read_reference(const char* name) {
+Reference read_reference(const std::string& dir) {
   SafetensorsFile f;
-  const Status st = SafetensorsFile::open(dir_of(name) + "/reference_logits.safetensors", &f);
+  const Status st = SafetensorsFile::open(dir + "/reference_logits.safetensors", &f);
   EXPECT_TRUE(st.ok()) << st.to_string();
   Reference r;
   TensorView ids, lens, am, lg;
@@ -51,12 +56,12 @@ Reference read_reference(const char* name) {
   return r;
 }
 
-std::unique_ptr<MoeModel> load(const char* name, Backend b, ModelScheme s) {
+std::unique_ptr<MoeModel> load(const std::string& dir, Backend b, ModelScheme s) {
   std::unique_ptr<MoeModel> m;
   RunnerOptions o;
   o.backend = b;
   o.scheme = s;
-  const Status st = MoeModel::load(dir_of(name), o, &m);
+  const Status st = MoeModel::load(dir, o, &m);
   EXPECT_TRUE(st.ok()) << st.to_string();
   return m;
 }
@@ -90,9 +95,9 @@ TEST(ModelRunner, LogitsMatchThePyTorchReferenceInF32) {
   // logits agree to ~1e-5 and the argmax everywhere except near-ties.
   for (const char* name : kSmoke) {
     SCOPED_TRACE(name);
-    const Reference r = read_reference(name);
+    const Reference r = read_reference(dir_of(name));
     for (Backend b : {Backend::ref, Backend::cpu}) {
-      auto m = load(name, b, ModelScheme::f32);
+      auto m = load(dir_of(name), b, ModelScheme::f32);
       ASSERT_NE(m, nullptr);
       double top1 = 0, diff = 0;
       agreement(*m, r, 8, &top1, &diff);
@@ -108,9 +113,9 @@ TEST(ModelRunner, Bf16AndFp8SchemesStayCloseToTheReference) {
   // models (near-uniform logits make ties common) >= 95% for bf16, >= 85% for fp8.
   for (const char* name : kSmoke) {
     SCOPED_TRACE(name);
-    const Reference r = read_reference(name);
+    const Reference r = read_reference(dir_of(name));
     for (ModelScheme s : {ModelScheme::bf16, ModelScheme::fp8_tensor, ModelScheme::fp8_channel, ModelScheme::fp8_block}) {
-      auto m = load(name, Backend::cpu, s);
+      auto m = load(dir_of(name), Backend::cpu, s);
       ASSERT_NE(m, nullptr);
       double top1 = 0, diff = 0;
       agreement(*m, r, 4, &top1, &diff);
@@ -125,9 +130,9 @@ TEST(ModelRunner, CudaBackendStaysCloseToTheReference) {
   if (!registry().backend_available(Backend::cuda).ok()) GTEST_SKIP() << "no CUDA device";
   for (const char* name : kSmoke) {
     SCOPED_TRACE(name);
-    const Reference r = read_reference(name);
+    const Reference r = read_reference(dir_of(name));
     for (ModelScheme s : {ModelScheme::bf16, ModelScheme::fp8_tensor, ModelScheme::fp8_channel}) {
-      auto m = load(name, Backend::cuda, s);
+      auto m = load(dir_of(name), Backend::cuda, s);
       ASSERT_NE(m, nullptr);
       double top1 = 0, diff = 0;
       agreement(*m, r, 4, &top1, &diff);
@@ -139,9 +144,9 @@ TEST(ModelRunner, CudaBackendStaysCloseToTheReference) {
 TEST(ModelRunner, GreedyDecodingFollowsTheLogits) {
   // The batched decoder (KV caches, prompts of different lengths advancing together) must produce the
   // argmax chain that single-sequence teacher forcing gives.
-  auto m = load("mixtral-tiny-smoke", Backend::cpu, ModelScheme::f32);
+  auto m = load(dir_of("mixtral-tiny-smoke"), Backend::cpu, ModelScheme::f32);
   ASSERT_NE(m, nullptr);
-  const Reference r = read_reference("mixtral-tiny-smoke");
+  const Reference r = read_reference(dir_of("mixtral-tiny-smoke"));
   std::vector<std::vector<int32_t>> prompts;
   for (size_t n = 0; n < 3; ++n) prompts.emplace_back(r.seqs[n].begin(), r.seqs[n].begin() + 20 + 7 * n);
   std::vector<std::vector<int32_t>> out;
@@ -186,13 +191,57 @@ TEST(ModelRunner, LoadErrors) {
     s = MoeModel::load(dir_of("mixtral-tiny-smoke"), o, &m);
     EXPECT_FALSE(s.ok());  // no device: refused at load, naming the backend's problem
   }
-  auto ok = load("llama4-tiny-smoke", Backend::cpu, ModelScheme::bf16);
+  auto ok = load(dir_of("llama4-tiny-smoke"), Backend::cpu, ModelScheme::bf16);
   ASSERT_NE(ok, nullptr);
   std::vector<std::vector<int32_t>> out;
   EXPECT_FALSE(ok->generate({{}}, 4, 1, &out).ok());
   EXPECT_FALSE(ok->generate({{1, 5}}, 4, 0, &out).ok());
   std::vector<float> lg;
   EXPECT_FALSE(ok->logits({1, 1000}, &lg).ok());
+}
+
+TEST(ModelRunner, BundledTrainedModelsMatchPyTorch) {
+  // The trained models of models/ (tools/train/train.py): f32 logits against the PyTorch
+  // reference, and greedy decoding of the first test problems equal to the completions PyTorch
+  // produced (train_report.json "examples"), so a model, a runner or a tokenizer that drifts apart
+  // fails here and not only in the accuracy table.
+  for (const char* name : {"mixtral-tiny", "deepseek-v3-tiny", "llama4-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(MOEKIT_MODELS_DIR) + "/" + name;
+    const Reference r = read_reference(dir);
+    auto m = load(dir, Backend::cpu, ModelScheme::f32);
+    ASSERT_NE(m, nullptr);
+    double top1 = 0, diff = 0;
+    agreement(*m, r, 8, &top1, &diff);
+    EXPECT_LT(diff, 1e-3);
+    EXPECT_GE(top1, 0.99);
+
+    std::ifstream rep(dir + "/train_report.json");
+    ASSERT_TRUE(rep.good());
+    const nlohmann::json report = nlohmann::json::parse(rep);
+    std::map<std::string, std::string> completion;  // id -> PyTorch's greedy completion
+    for (const auto& e : report.at("test").at("examples")) completion[e.at("id")] = e.at("completion");
+    std::ifstream data(std::string(MOEKIT_MODELS_DIR) + "/data/arith_test.jsonl");
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> want;
+    for (std::string line; prompts.size() < completion.size() && std::getline(data, line);) {
+      const nlohmann::json p = nlohmann::json::parse(line);
+      if (!completion.count(p.at("id"))) continue;
+      std::vector<int32_t> ids;
+      ASSERT_TRUE(m->tokenizer().encode(p.at("prompt").get<std::string>(), &ids).ok());
+      ids.insert(ids.begin(), m->tokenizer().bos_id());
+      prompts.push_back(ids);
+      want.push_back(completion[p.at("id")]);
+    }
+    ASSERT_FALSE(prompts.empty());
+    std::vector<std::vector<int32_t>> out;
+    ASSERT_TRUE(m->generate(prompts, 96, int(prompts.size()), &out).ok());
+    for (size_t n = 0; n < prompts.size(); ++n) {
+      std::string text;
+      ASSERT_TRUE(m->tokenizer().decode(out[n], &text).ok());
+      EXPECT_EQ(text, want[n]) << "problem " << n;
+    }
+  }
 }
 
 }  // namespace

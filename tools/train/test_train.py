@@ -248,6 +248,23 @@ class ModelTest(unittest.TestCase):
         self.assertGreater(float(a.abs().max()), 1.0)
         self.assertLess(float((a - b).abs().max()), 1e-4)
 
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_committed_mixtral_tiny_loads_in_transformers(self):
+        # The trained checkpoint of models/mixtral-tiny, as committed, in MixtralForCausalLM.
+        from transformers import MixtralForCausalLM
+        d = os.path.join(ROOT, "models", "mixtral-tiny")
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            self.skipTest("models/mixtral-tiny is not in this checkout")
+        hf, info = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+        for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            self.assertFalse(info.get(k), (k, info.get(k)))
+        ours = M.load_model(d).float().eval()
+        ids = torch.randint(3, 99, (2, 64), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            a, b = ours(ids), hf.eval()(ids).logits.float()
+        self.assertGreater(float(a.abs().max()), 5.0)
+        self.assertLess(float((a - b).abs().max()), 1e-3)
+
     def test_smoke_training_writes_everything(self):
         with tempfile.TemporaryDirectory() as d:
             T.main(["--smoke", "--model", "llama4-tiny", "--out", d])
