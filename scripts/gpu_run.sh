@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole CUDA validation and benchmark on the GPU machine, from the repository root, with
-# the binaries staged by scripts/gpu_build.sh in .gpu/. Writes logs, JSON and a CSV to $OUT
-# (default out/): summary.txt first. Each step has its own time limit so a hang cannot eat the run.
-#   STEPS="tests check sanitize bench ep" (default: all)   BENCH_TOKENS=1,8,64,512,4096
+# the binaries staged by scripts/gpu_build.sh in .gpu/. Writes summary.txt and gpu_run_logs.tgz
+# (logs, JSON and a CSV) to $OUT (default out/). Each step has its own time limit so a hang cannot eat the run.
+#   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest)
+#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block"
 # NOTE: tests + check + sanitize take ~4-5 min and bench (bf16 + fp8) up to ~9 min: run them as two
 # device calls (STEPS="tests check sanitize", then STEPS=bench) to stay within one call's 10 minutes.
 # The ep step (expert parallelism over NCCL) runs on machines with >= 2 GPUs and says so otherwise.
@@ -10,7 +11,13 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+# The device tool returns at most 8 files from $OUT: every log goes to $L, and on exit $OUT gets
+# summary.txt and one archive of all of them (gpu_run_logs.tgz: tests.log, check.log, bench_*.json,
+# bench.csv, ...).
+L=$(mktemp -d /tmp/moekit_gpu_run.XXXXXX)
+trap 'cp "$L/summary.txt" "$OUT/" 2>/dev/null; tar -C "$L" -czf "$OUT/gpu_run_logs.tgz" .' EXIT
 B=.gpu
+for f in $B/*.xz; do [ -e "$f" ] && unxz -f -T0 "$f"; done  # scripts/gpu_build.sh compresses them
 export MOEKIT_TEST_DATA_DIR=$PWD/tests/data
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # libnccl: the toolkit's, else the one PyTorch's nvidia-nccl wheel ships.
@@ -20,7 +27,7 @@ NCCL_WHEEL=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STEPS=${STEPS:-"tests check sanitize bench ep"}
 TOKENS=${BENCH_TOKENS:-1,8,64,512,4096}
-S="$OUT/summary.txt"
+S="$L/summary.txt"
 : > "$S"
 say() { echo "$*" | tee -a "$S"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -31,22 +38,22 @@ RACECHECK_FILTER='FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowM
 
 say "# moekit GPU run $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$S"
-timeout 60 $B/moekit ops > "$OUT/ops.txt" 2>&1
-grep -E "^  (ref|cpu|cuda) " "$OUT/ops.txt" | tee -a "$S"
+timeout 60 $B/moekit ops > "$L/ops.txt" 2>&1
+grep -E "^  (ref|cpu|cuda) " "$L/ops.txt" | tee -a "$S"
 
 if has tests; then
-  timeout ${TESTS_LIMIT:-280} $B/moekit_tests --gtest_brief=1 > "$OUT/tests.log" 2>&1
-  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]" "$OUT/tests.log" | head -40 | tee -a "$S"
+  timeout ${TESTS_LIMIT:-280} $B/moekit_tests --gtest_brief=1 > "$L/tests.log" 2>&1
+  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$L/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "$L/tests.log" | head -40 | tee -a "$S"
 fi
 
 if has check; then
-  : > "$OUT/check.log"
+  : > "$L/check.log"
   for m in mixtral deepseek-v3 llama4 qwen3-moe; do
-    timeout 60 $B/moekit check --op all --backend cuda --model "$m" >> "$OUT/check.log" 2>&1
-    say "check cuda $m rc=$? $(tail -1 "$OUT/check.log")"
+    timeout 60 $B/moekit check --op all --backend cuda --model "$m" >> "$L/check.log" 2>&1
+    say "check cuda $m rc=$? $(tail -1 "$L/check.log")"
   done
-  grep -E " FAIL " "$OUT/check.log" | head -30 | tee -a "$S"
+  grep -E " FAIL " "$L/check.log" | head -30 | tee -a "$S"
 fi
 
 if has sanitize; then
@@ -54,26 +61,29 @@ if has sanitize; then
     filter=$MEMCHECK_FILTER
     [ "$tool" = racecheck ] && filter=$RACECHECK_FILTER
     timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 $B/moekit_tests --gtest_brief=1 \
-      --gtest_filter="$filter" > "$OUT/sanitize_$tool.log" 2>&1
-    say "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+      --gtest_filter="$filter" > "$L/sanitize_$tool.log" 2>&1
+    say "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitize_$tool.log" | tail -1)"
   done
 fi
 
 if has bench; then
-  # bf16: every CUDA kernel of the variant; fp8 (SCHEMES, default fp8_tensor): the auto kernel only
-  # (small_m fp8 at large T takes seconds per call).
+  # bf16: every CUDA kernel of the variant; fp8 (FP8_SCHEMES, default fp8_tensor; e.g.
+  # "fp8_tensor fp8_channel fp8_block"): the auto kernel fused_moe_sm90_fp8_row (small_m fp8 at large
+  # T takes seconds per call), fp8_block: fused_moe_sm90_grouped_fp8_block.
   for m in mixtral deepseek-v3 qwen3-moe; do
     timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-      --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.err"
+      --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
     say "bench $m rc=$?"
     for sc in ${FP8_SCHEMES:-fp8_tensor}; do
+      kern=fused_moe_sm90_fp8_row
+      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_grouped_fp8_block
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-        --scheme "$sc" --kernel fused_moe_sm90_fp8_row --iters ${BENCH_ITERS:-30} --json \
-        > "$OUT/bench_${m}_$sc.json" 2> "$OUT/bench_${m}_$sc.err"
+        --scheme "$sc" --kernel $kern --iters ${BENCH_ITERS:-30} --json \
+        > "$L/bench_${m}_$sc.json" 2> "$L/bench_${m}_$sc.err"
       say "bench $m $sc rc=$?"
     done
   done
-  python3 - "$OUT" <<'PY' | tee -a "$S"
+  python3 - "$L" <<'PY' | tee -a "$S"
 import csv, json, sys, glob, os
 out = sys.argv[1]
 rows = []
@@ -93,23 +103,30 @@ for r in rows:
     print(" ".join(f"{k}={r.get(k)}" for k in keys))
 PY
 fi
+if has python; then
+  # The Python package built from this checkout with the image's torch (no network: no build
+  # isolation), then pytest, CUDA tests included. The build compiles the CUDA backend (~minutes).
+  VENV=none PYTHON=python3 BUILD_ISOLATION=0 timeout ${PYTHON_LIMIT:-540} bash scripts/test_python.sh -q \
+    > "$L/python.log" 2>&1
+  say "python rc=$? $(grep -E '(passed|failed|error)' "$L/python.log" | tail -1)"
+fi
 if has ep; then
   ngpu=$(nvidia-smi -L | wc -l)
   if [ "$ngpu" -lt 2 ]; then
     say "ep: skipped ($ngpu GPU)"
   else
-    timeout 300 $B/moekit_tests --gtest_filter='Ep.*' > "$OUT/ep_tests.log" 2>&1
-    say "ep tests rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/ep_tests.log" | tr '\n' ' ')"
+    timeout 300 $B/moekit_tests --gtest_filter='Ep.*' > "$L/ep_tests.log" 2>&1
+    say "ep tests rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$L/ep_tests.log" | tr '\n' ' ')"
     for w in 2 4 8; do
       [ "$w" -gt "$ngpu" ] && break
       timeout ${EP_BENCH_LIMIT:-200} $B/moekit bench --op fused_moe --ep $w --model deepseek-v3 --full \
-        --tokens ${EP_TOKENS:-128,1024,4096} > "$OUT/bench_ep$w.txt" 2>&1
+        --tokens ${EP_TOKENS:-128,1024,4096} > "$L/bench_ep$w.txt" 2>&1
       say "bench ep=$w rc=$?"
-      cat "$OUT/bench_ep$w.txt" | tee -a "$S"
+      cat "$L/bench_ep$w.txt" | tee -a "$S"
       timeout ${EP_BENCH_LIMIT:-200} $B/moekit bench --op fused_moe --ep $w --fp8-dispatch --model deepseek-v3 --full \
-        --tokens ${EP_TOKENS:-128,1024,4096} > "$OUT/bench_ep${w}_fp8.txt" 2>&1
+        --tokens ${EP_TOKENS:-128,1024,4096} > "$L/bench_ep${w}_fp8.txt" 2>&1
       say "bench ep=$w fp8-dispatch rc=$?"
-      cat "$OUT/bench_ep${w}_fp8.txt" | tee -a "$S"
+      cat "$L/bench_ep${w}_fp8.txt" | tee -a "$S"
     done
   fi
 fi
