@@ -1,10 +1,12 @@
-// fused_moe_sm90_small_m_fp8_row(_tkw1) (src/ops/fused_moe/fused_moe_sm90_small_m_fp8.cuh): the fp8
-// W8A8 decode CUDA kernel against the fp8 reference kernels with the kernel_vs_ref rows of
-// docs/tolerances.md: the harness edge cases and presets for per-tensor and per-row schemes (and
-// the router weight on the input), a static activation scale, g1u0 with gelu, an expert map, rows
-// of all zeros (amax floor), very large values, and supports()' refusals.
+// fused_moe_sm90_small_m_fp8_row(_tkw1) and fused_moe_sm90_small_m_fp8_block
+// (src/ops/fused_moe/fused_moe_sm90_small_m_fp8.cuh): the fp8 decode CUDA kernels against the fp8
+// reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
+// presets for per-tensor, per-row and 128 x 128 block schemes (and the router weight on the input),
+// a static activation scale, g1u0 with gelu, an expert map, rows of all zeros (amax floor), very
+// large values, and supports()' refusals; the block variant's auto kernel fused_moe_sm90_fp8_block
+// on both sides of its small_m / grouped choice.
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
-// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90SmallMFp8*'
+// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90SmallMFp8*:FusedMoeSm90Fp8BlockAuto*'
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,6 +27,8 @@ using moe_test::small_shape;
 
 constexpr const char* kRow = "fused_moe_sm90_small_m_fp8_row";
 constexpr const char* kTkw1 = "fused_moe_sm90_small_m_fp8_row_tkw1";
+constexpr const char* kBlock = "fused_moe_sm90_small_m_fp8_block";
+constexpr const char* kBlockAuto = "fused_moe_sm90_fp8_block";
 
 #define SKIP_WITHOUT_KERNEL()                                          \
   do {                                                                 \
@@ -107,6 +111,103 @@ TEST(FusedMoeSm90SmallMFp8, RefusesBlockScalesAndUnquantizedWeights) {
   MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
   const FusedMoeParams fp = bf.params();
   EXPECT_FALSE(k->supports(&fp).ok());
+}
+
+// ---- 128 x 128 block scales (fused_moe_sm90_small_m_fp8_block)
+
+#define SKIP_WITHOUT_BLOCK_KERNEL()                                     \
+  do {                                                                  \
+    const std::string why = moe_test::cuda_kernel_unavailable(kBlock);  \
+    if (!why.empty()) GTEST_SKIP() << why;                              \
+  } while (0)
+
+// Refused by design: shuffled / CPU-packed weights, H or I not multiples of 128.
+bool block_may_skip(const std::string& name, const std::string& detail) {
+  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
+         detail.find("multiple of 128") != std::string::npos || detail.find("multiples of 128") != std::string::npos ||
+         detail.find("128 x 128") != std::string::npos;
+}
+
+TEST(FusedMoeSm90SmallMFp8, BlockEdgeCasesAndWeightOnInput) {
+  SKIP_WITHOUT_BLOCK_KERNEL();
+  for (bool on_input : {false, true}) {
+    CheckRequest req;
+    req.shape.scheme = Scheme::fp8_block;
+    req.shape.scheme_given = true;
+    req.shape.weight_on_input = on_input;
+    if (on_input) req.shape.topk = 1;
+    req.tokens = {1, 8, 64};
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlockAuto, block_may_skip);
+  }
+}
+
+TEST(FusedMoeSm90SmallMFp8, BlockPresets) {
+  SKIP_WITHOUT_BLOCK_KERNEL();
+  for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
+    CheckRequest req;
+    req.shape.model = model;
+    req.shape.scheme = Scheme::fp8_block;
+    req.shape.scheme_given = true;
+    req.tokens = {1, 8};
+    req.edge_cases = false;
+    req.has_backend = true;
+    req.backend = Backend::cuda;
+    SCOPED_TRACE(model);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlockAuto, block_may_skip);
+  }
+}
+
+// 3 K groups for gemm1 (H = 384), 2 for gemm2 (I = 256); gate and up rows in different scale blocks;
+// experts with several staging passes (9 tokens x 2 slots over 4 experts).
+TEST(FusedMoeSm90SmallMFp8, BlockScalesAlongKAndN) {
+  SKIP_WITHOUT_BLOCK_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 9, 4, 2, 384, 256));
+  moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock);
+}
+
+TEST(FusedMoeSm90SmallMFp8, BlockG1U0GeluExpertMapAndWeightOnInput) {
+  SKIP_WITHOUT_BLOCK_KERNEL();
+  MoeProblem prob = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 13, 10, 3, 256, 128);
+  moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock);
+  MoeShape s = small_shape(Scheme::fp8_block, 7, 5, 1, 128, 256);
+  s.weight_on_input = true;
+  MoeProblem tk = make(s);
+  moe_test::expect_fp8_cuda_matches_ref(tk, kBlock, kBlock);
+}
+
+TEST(FusedMoeSm90SmallMFp8, BlockZeroRowsAndLargeValues) {
+  SKIP_WITHOUT_BLOCK_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 6, 5, 2, 256, 128));
+  moe_test::set_zero_and_large_rows(&prob);
+  moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock);
+}
+
+TEST(FusedMoeSm90SmallMFp8, BlockRefusesPerRowScalesAndOddSizes) {
+  const Kernel* k = registry().find(kBlock);
+  if (k == nullptr) GTEST_SKIP() << "not compiled in";
+  MoeProblem row = make(small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+  const FusedMoeParams rp = row.params();
+  EXPECT_FALSE(k->supports(&rp).ok());
+  MoeProblem odd = make(small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  const FusedMoeParams op = odd.params();
+  EXPECT_FALSE(k->supports(&op).ok());
+  MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
+  const FusedMoeParams fp = bf.params();
+  EXPECT_FALSE(k->supports(&fp).ok());
+}
+
+// The auto kernel on both sides of choose_moe_strategy_fp8: T = 1 (small_m) and T = 200 (grouped).
+TEST(FusedMoeSm90Fp8BlockAuto, MatchesTheReferenceOnBothStrategies) {
+  const std::string why = moe_test::cuda_kernel_unavailable(kBlockAuto);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (int64_t T : {1, 200}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    MoeProblem prob = make(small_shape(Scheme::fp8_block, T, 6, 2, 256, 256));
+    moe_test::expect_fp8_cuda_matches_ref(prob, kBlockAuto, kBlockAuto);
+  }
 }
 
 }  // namespace

@@ -509,28 +509,31 @@ Status run_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
   return launch(combine_kernel<T>, g3, dim3(128), 0, st, a, "fused_moe_small_m combine");
 }
 
-template <class T>
+// Shared bytes of one staged fp8 row of n codes (f16 values), plus its group scales (block variant).
+size_t fp8_row_bytes(int64_t n, bool block) { return size_t(n) * 2 + (block ? size_t(n / kFp8Group) * 4 : 0); }
+
+template <class T, bool kBlock>
 Status run_fp8_typed(const Args& a, int mc1, int mc2, cudaStream_t st) {
   const int slots = a.T * a.k;
   const int ey = std::min(a.E, slots);
   MOEKIT_RETURN_IF_ERROR(launch(route_kernel, dim3(1), dim3(kRouteThreads), 0, st, a, "fused_moe_small_m route"));
   const dim3 g1(unsigned(ceil_div(a.I, kRows1)), unsigned(ey));
-  const size_t s1 = size_t(mc1) * size_t(a.H) * 2;
-  const char* n1 = "fused_moe_small_m gate_up_fp8";
+  const size_t s1 = size_t(mc1) * fp8_row_bytes(a.H, kBlock);
+  const char* n1 = kBlock ? "fused_moe_small_m gate_up_fp8_block" : "fused_moe_small_m gate_up_fp8";
   switch (mc1) {
-    case 1: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 1>, g1, dim3(kThreads), s1, st, a, n1)); break;
-    case 2: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 2>, g1, dim3(kThreads), s1, st, a, n1)); break;
-    case 4: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 4>, g1, dim3(kThreads), s1, st, a, n1)); break;
-    default: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 8>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    case 1: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 1, kBlock>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    case 2: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 2, kBlock>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    case 4: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 4, kBlock>, g1, dim3(kThreads), s1, st, a, n1)); break;
+    default: MOEKIT_RETURN_IF_ERROR(launch(gate_up_fp8_kernel<T, 8, kBlock>, g1, dim3(kThreads), s1, st, a, n1)); break;
   }
   const dim3 g2(unsigned(ceil_div(a.H, kRows2)), unsigned(ey));
-  const size_t s2 = size_t(mc2) * size_t(a.I) * 2;
-  const char* n2 = "fused_moe_small_m down_fp8";
+  const size_t s2 = size_t(mc2) * fp8_row_bytes(a.I, kBlock);
+  const char* n2 = kBlock ? "fused_moe_small_m down_fp8_block" : "fused_moe_small_m down_fp8";
   switch (mc2) {
-    case 1: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<1>, g2, dim3(kThreads), s2, st, a, n2)); break;
-    case 2: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<2>, g2, dim3(kThreads), s2, st, a, n2)); break;
-    case 4: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<4>, g2, dim3(kThreads), s2, st, a, n2)); break;
-    default: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<8>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    case 1: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<1, kBlock>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    case 2: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<2, kBlock>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    case 4: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<4, kBlock>, g2, dim3(kThreads), s2, st, a, n2)); break;
+    default: MOEKIT_RETURN_IF_ERROR(launch(down_fp8_kernel<8, kBlock>, g2, dim3(kThreads), s2, st, a, n2)); break;
   }
   const dim3 g3(unsigned(a.T), unsigned(ceil_div(a.H / 8, 128)));
   return launch(combine_kernel<T>, g3, dim3(128), 0, st, a, "fused_moe_small_m combine");
@@ -559,6 +562,45 @@ Status supports_fp8_impl(const FusedMoeParams& p) {
     return Unsupported("T*k = ", d.T * d.k, ", Eg = ", d.Eg, ": sizes must fit 32-bit indices");
   }
   if (pick_mc(1, 1, 1, size_t(d.H) * 2) == 0 || pick_mc(1, 1, 1, size_t(d.I) * 2) == 0) {
+    return Unsupported("H = ", d.H, ", I = ", d.I, ": one staged row exceeds the ", kStageBudget,
+                       "-byte shared-memory stage");
+  }
+  return Status::Ok();
+}
+
+// The 128 x 128 block variant: scales [E, N1 / 128, H / 128] and [E, H / 128, I / 128], H and I
+// multiples of 128, no static activation scale (x is quantized per 1 x 128 group).
+Status check_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim != 3 || s.shape[0] != E || s.shape[1] != N / kFp8Group || s.shape[2] != K / kFp8Group) {
+    return Unsupported(name, ": block scales [", E, ", ", N / kFp8Group, ", ", K / kFp8Group, "] only, got ",
+                       s.describe());
+  }
+  return Status::Ok();
+}
+
+Status supports_fp8_block_impl(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
+  if (p.scale_block_n != kFp8Group || p.scale_block_k != kFp8Group) {
+    return Unsupported("scale_block_n/k: 128 x 128 block scales only, got ", p.scale_block_n, "x", p.scale_block_k);
+  }
+  if (p.a1_scale.present()) return Unsupported("a1_scale: the block variant quantizes x per 1 x 128 group");
+  const MoeDims d = moe_dims(p);
+  if (d.H % kFp8Group != 0 || d.I % kFp8Group != 0) {
+    return Unsupported("H = ", d.H, ", I = ", d.I, ": both must be multiples of 128 (the scale blocks)");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
+  MOEKIT_RETURN_IF_ERROR(check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I));
+  if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
+    return Unsupported("w1/w2: data must be 16-byte aligned");
+  }
+  if (d.E > kMaxExperts) return Unsupported("E = ", d.E, ": at most ", kMaxExperts, " local experts");
+  if (d.T * d.k > (int64_t(1) << 30) || d.Eg > (int64_t(1) << 30) || d.H > (1 << 30) || d.I > (1 << 30)) {
+    return Unsupported("T*k = ", d.T * d.k, ", Eg = ", d.Eg, ": sizes must fit 32-bit indices");
+  }
+  if (pick_mc(1, 1, 1, fp8_row_bytes(d.H, true)) == 0 || pick_mc(1, 1, 1, fp8_row_bytes(d.I, true)) == 0) {
     return Unsupported("H = ", d.H, ", I = ", d.I, ": one staged row exceeds the ", kStageBudget,
                        "-byte shared-memory stage");
   }
@@ -604,7 +646,10 @@ Status supports_impl(const FusedMoeParams& p) {
 
 size_t workspace_impl(const FusedMoeParams& p) { return layout_of(moe_dims(p), a_elem_bytes(p)).total; }
 
-Status run_any(const FusedMoeParams& p, const RunContext& ctx, bool fp8) {
+enum class Quant { none, fp8_row, fp8_block };
+
+Status run_any(const FusedMoeParams& p, const RunContext& ctx, Quant quant) {
+  const bool fp8 = quant != Quant::none;
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
   const size_t ae = fp8 ? 4 : a_elem_bytes(p);
@@ -641,15 +686,21 @@ Status run_any(const FusedMoeParams& p, const RunContext& ctx, bool fp8) {
   a.weight_on_input = p.weight_on_input;
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   if (fp8) {
+    const bool block = quant == Quant::fp8_block;
     bool rows = false;
-    MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows));
+    if (!block) MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows));
     a.w1s = p.w1_scale.ptr<const float>();
     a.w2s = p.w2_scale.ptr<const float>();
     a.a1s = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
     a.ws_rows = rows;
-    const int mc1 = pick_mc(d.T, d.k, d.E, size_t(d.H) * 2);
-    const int mc2 = pick_mc(d.T, d.k, d.E, size_t(d.I) * 2);
-    return p.x.dtype == DType::bf16 ? run_fp8_typed<__nv_bfloat16>(a, mc1, mc2, st) : run_fp8_typed<__half>(a, mc1, mc2, st);
+    const int mc1 = pick_mc(d.T, d.k, d.E, fp8_row_bytes(d.H, block));
+    const int mc2 = pick_mc(d.T, d.k, d.E, fp8_row_bytes(d.I, block));
+    if (block) {
+      return p.x.dtype == DType::bf16 ? run_fp8_typed<__nv_bfloat16, true>(a, mc1, mc2, st)
+                                      : run_fp8_typed<__half, true>(a, mc1, mc2, st);
+    }
+    return p.x.dtype == DType::bf16 ? run_fp8_typed<__nv_bfloat16, false>(a, mc1, mc2, st)
+                                    : run_fp8_typed<__half, false>(a, mc1, mc2, st);
   }
   const int mc1 = pick_mc(d.T, d.k, d.E, size_t(d.H) * elem_bytes(p.x.dtype));
   const int mc2 = pick_mc(d.T, d.k, d.E, size_t(d.I) * ae);
@@ -660,8 +711,11 @@ Status run_any(const FusedMoeParams& p, const RunContext& ctx, bool fp8) {
   return p.round_intermediate ? run_typed<__half, __half>(a, mc1, mc2, st) : run_typed<__half, float>(a, mc1, mc2, st);
 }
 
-Status run_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, false); }
-Status run_fp8_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, true); }
+Status run_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, Quant::none); }
+Status run_fp8_impl(const FusedMoeParams& p, const RunContext& ctx) { return run_any(p, ctx, Quant::fp8_row); }
+Status run_fp8_block_impl(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_any(p, ctx, Quant::fp8_block);
+}
 
 }  // namespace
 
@@ -702,6 +756,10 @@ Status fused_moe_small_m_supports(const FusedMoeParams& p) { return supports_imp
 Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p) { return supports_fp8_impl(p); }
 size_t fused_moe_small_m_fp8_workspace_bytes(const FusedMoeParams& p) { return workspace_fp8_impl(p); }
 Status fused_moe_small_m_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_fp8_impl(p, ctx); }
+Status fused_moe_small_m_fp8_block_supports(const FusedMoeParams& p) { return supports_fp8_block_impl(p); }
+Status fused_moe_small_m_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_fp8_block_impl(p, ctx);
+}
 size_t fused_moe_small_m_workspace_bytes(const FusedMoeParams& p) { return workspace_impl(p); }
 Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx) {
   const Status s = supports_impl(p);
@@ -724,6 +782,12 @@ void register_fused_moe_sm90_small_m(Registry& r) {
            100, erase_supports<FusedMoeParams, supports_fp8_impl>, erase_workspace<FusedMoeParams, workspace_fp8_impl>,
            erase_run<FusedMoeParams, run_fp8_impl>});
   }
+  // fp8 128 x 128 block scales (router weight on the output, or on the input with k == 1).
+  r.add({"fused_moe_sm90_small_m_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, fp8 x fp8 dots in f32 "
+         "promoted per 16 codes on CUDA cores, decode-sized T",
+         100, erase_supports<FusedMoeParams, supports_fp8_block_impl>,
+         erase_workspace<FusedMoeParams, workspace_fp8_impl>, erase_run<FusedMoeParams, run_fp8_block_impl>});
 }
 
 }  // namespace moekit::cuda

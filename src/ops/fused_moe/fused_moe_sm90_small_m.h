@@ -38,4 +38,9 @@ Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p);
 size_t fused_moe_small_m_fp8_workspace_bytes(const FusedMoeParams& p);
 Status fused_moe_small_m_fp8_run(const FusedMoeParams& p, const RunContext& ctx);
 
+// The same for the fp8 128 x 128 block variant (fp8_block; H and I multiples of 128); the workspace
+// is fused_moe_small_m_fp8_workspace_bytes(p).
+Status fused_moe_small_m_fp8_block_supports(const FusedMoeParams& p);
+Status fused_moe_small_m_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
+
 }  // namespace moekit::cuda

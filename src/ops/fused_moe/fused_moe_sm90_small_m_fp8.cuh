@@ -6,10 +6,14 @@
 //   h[n] = (xq . w1q[e, n]) * s_t * w1_scale[e, n]   ([E] scales: per tensor); tkw1: h *= w;
 //   a = act(g) * u in f32 (workspace), re-quantized per slot row: s_a, aq = e4m3fn(a / s_a);
 //   y[c] = (aq . w2q[e, c]) * s_a * w2_scale[e, c]; then the combine stage of the bf16 path.
+// The 128 x 128 block variant (SPEC 3.3, kBlock = true) quantizes x and a per 1 x 128 group instead
+// (one warp per group: s_g = max(amax_g, 1e-12) / 448) and promotes each 16-code partial dot with
+// (s_g of the row x the weight block's scale) into the f32 sum, as fused_moe_ref_fp8_block does
+// per group (same products, the sum split finer).
 // The quantized rows are staged in shared memory as f16 (every e4m3fn value is exact in f16), each
 // dot accumulates exact fp8 x fp8 products in f32. Included by fused_moe_sm90_small_m.cu inside its
 // anonymous namespace (uses its Args, tables, helpers and constants).
-// Tests: tests/test_fused_moe_sm90_small_m.cpp (FusedMoeSm90SmallM.Fp8*), against the reference.
+// Tests: tests/test_fused_moe_sm90_small_m_fp8.cpp (FusedMoeSm90SmallMFp8*), against the reference.
 #pragma once
 
 // Decodes 16 e4m3fn codes (one 16-byte vector) to f32.
@@ -29,10 +33,22 @@ __device__ __forceinline__ void unpack16_e4m3(const uint4& v, float (&f)[16]) {
   }
 }
 
+constexpr int kFp8Group = 128;  // the block variant's group / block edge (scale_block_n = scale_block_k)
+
+// The block variant's scales for one warp_dots_fp8 call: weight row r's block scales along K
+// (w[r][g], g = K group) and the staged rows' group scales (x[m * kb + g]).
+template <int RP>
+struct BlockScales {
+  const float* w[RP];
+  const float* x;
+  int kb;  // K / kFp8Group
+};
+
 // acc[r][m] += sum over K of fp8 weight row r times staged f16 row m. K % 16 == 0. Lane-partial sums.
-template <int RP, int MC>
+// kBlock: each 16-code partial dot is scaled by bs.x[m][g] * bs.w[r][g] before it joins acc.
+template <int RP, int MC, bool kBlock = false>
 __device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], const __half* xs, int K, int lane,
-                                              float (&acc)[RP][MC]) {
+                                              float (&acc)[RP][MC], const BlockScales<RP>& bs = {}) {
   const int nvec = K / 16;
   for (int c0 = lane; c0 < nvec; c0 += 32 * kUnroll) {
     uint4 wv[RP][kUnroll];
@@ -51,6 +67,12 @@ __device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], 
       float wf[RP][16];
 #pragma unroll
       for (int r = 0; r < RP; ++r) unpack16_e4m3(wv[r][u], wf[r]);
+      [[maybe_unused]] float sw[RP];
+      [[maybe_unused]] const int g = c / (kFp8Group / 16);  // the K group of these 16 codes
+      if constexpr (kBlock) {
+#pragma unroll
+        for (int r = 0; r < RP; ++r) sw[r] = __ldg(bs.w[r] + g);
+      }
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
         float xlo[8], xhi[8];
@@ -58,10 +80,19 @@ __device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], 
         unpack8<__half>(reinterpret_cast<const uint4*>(xs + size_t(m) * K)[2 * c + 1], xhi);
 #pragma unroll
         for (int r = 0; r < RP; ++r) {
+          if constexpr (kBlock) {
+            float part = 0.0f;
 #pragma unroll
-          for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][q], xlo[q], acc[r][m]);
+            for (int q = 0; q < 8; ++q) part = fmaf(wf[r][q], xlo[q], part);
 #pragma unroll
-          for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][8 + q], xhi[q], acc[r][m]);
+            for (int q = 0; q < 8; ++q) part = fmaf(wf[r][8 + q], xhi[q], part);
+            acc[r][m] = fmaf(part, bs.x[m * bs.kb + g] * sw[r], acc[r][m]);
+          } else {
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][q], xlo[q], acc[r][m]);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[r][m] = fmaf(wf[r][8 + q], xhi[q], acc[r][m]);
+          }
         }
       }
     }
@@ -101,12 +132,43 @@ __device__ __forceinline__ float stage_quantized(__half* dst, const XT* src, int
   return s;
 }
 
+// Quantizes src[0..n) (global, XT; n % 128 == 0) into dst (shared, f16 values of the codes) per
+// group of 128 with s_g = max(amax_g, 1e-12) / 448 written to scales[g] (shared). One warp per
+// group, 4 elements per lane; the caller synchronizes before reading dst / scales.
+template <class XT>
+__device__ __forceinline__ void stage_quantized_groups(__half* dst, float* scales, const XT* src, int n) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int g = warp; g < n / kFp8Group; g += kWarps) {
+    const int c0 = g * kFp8Group + 4 * lane;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[q] = to_f32(src[c0 + q]);
+      amax = fmaxf(amax, fabsf(v[q]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sg = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) dst[c0 + q] = __float2half_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(v[q] / sg)));
+    if (lane == 0) scales[g] = sg;
+  }
+}
+
+// Zero row (codes) and zero group scales for an unused staging slot of the block variant.
+__device__ __forceinline__ void zero_groups(__half* dst, float* scales, int n) {
+  zero_row<__half>(dst, n);
+  for (int g = threadIdx.x; g < n / kFp8Group; g += kThreads) scales[g] = 0.0f;
+}
+
 __device__ __forceinline__ float weight_scale(const float* s, bool per_row, int e, int64_t n, int64_t N) {
   return per_row ? s[int64_t(e) * N + n] : s[e];
 }
 
-// Stage 1 (fp8): grid as gate_up_kernel; a[slot, i] in f32. Dynamic shared memory: MC x H f16.
-template <class T, int MC>
+// Stage 1 (fp8): grid as gate_up_kernel; a[slot, i] in f32. Dynamic shared memory: MC x H f16
+// (kBlock: then MC x H / 128 f32 group scales).
+template <class T, int MC, bool kBlock>
 __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
   wait_for_predecessor();
   const Tables& tb = p.tb;
@@ -122,15 +184,23 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
   const int64_t N1 = p.g1u1 ? 2 * int64_t(p.I) : p.I;
   const uint8_t* w1e = static_cast<const uint8_t*>(p.w1) + int64_t(e) * N1 * p.H;
   const float fixed = p.a1s != nullptr ? *p.a1s : 0.0f;
+  const int kb = p.H / kFp8Group;
+  float* xsc = reinterpret_cast<float*>(xs + size_t(MC) * p.H);  // kBlock: [MC][kb] group scales
   for (int c0 = 0; c0 < count; c0 += MC) {
     const int mc = min(MC, count - c0);
     __syncthreads();
     for (int m = 0; m < MC; ++m) {
       if (m < mc) {
         const int t = tb.slot_list[first + c0 + m] / p.k;
-        const float s = stage_quantized<T>(xs + size_t(m) * p.H, static_cast<const T*>(p.x) + t * p.x_stride, p.H,
-                                           fixed, s_red);
-        if (threadIdx.x == 0) s_scale[m] = s;
+        const T* src = static_cast<const T*>(p.x) + t * p.x_stride;
+        if constexpr (kBlock) {
+          stage_quantized_groups<T>(xs + size_t(m) * p.H, xsc + m * kb, src, p.H);
+        } else {
+          const float s = stage_quantized<T>(xs + size_t(m) * p.H, src, p.H, fixed, s_red);
+          if (threadIdx.x == 0) s_scale[m] = s;
+        }
+      } else if constexpr (kBlock) {
+        zero_groups(xs + size_t(m) * p.H, xsc + m * kb, p.H);
       } else {
         zero_row<__half>(xs + size_t(m) * p.H, p.H);
         if (threadIdx.x == 0) s_scale[m] = 0.0f;
@@ -140,13 +210,17 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
     if (i >= p.I) continue;
     const int nr = p.g1u1 ? 2 : 1;
     const uint8_t* rows[2] = {w1e + int64_t(i) * p.H, w1e + (int64_t(p.I) + i) * p.H};
+    // kBlock: the [E, N1 / 128, H / 128] scales of the blocks holding the gate row i and up row I + i.
+    const int64_t nb1 = N1 / kFp8Group;
+    const float* ws_gate = p.w1s + (int64_t(e) * nb1 + i / kFp8Group) * kb;
+    const float* ws_up = nr == 2 ? p.w1s + (int64_t(e) * nb1 + (int64_t(p.I) + i) / kFp8Group) * kb : ws_gate;
     float acc[2][MC] = {};
     if (nr == 2) {
-      warp_dots_fp8<2, MC>(rows, xs, p.H, lane, acc);
+      warp_dots_fp8<2, MC, kBlock>(rows, xs, p.H, lane, acc, BlockScales<2>{{ws_gate, ws_up}, xsc, kb});
     } else {
       const uint8_t* one[1] = {rows[0]};
       float acc1[1][MC] = {};
-      warp_dots_fp8<1, MC>(one, xs, p.H, lane, acc1);
+      warp_dots_fp8<1, MC, kBlock>(one, xs, p.H, lane, acc1, BlockScales<1>{{ws_gate}, xsc, kb});
 #pragma unroll
       for (int m = 0; m < MC; ++m) acc[0][m] = acc1[0][m];
     }
@@ -158,23 +232,24 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
     }
     if (lane < mc) {
       const int slot = tb.slot_list[first + c0 + lane];
-      const float sx = s_scale[lane];
       const float w = p.weight_on_input ? p.wts[slot] : 1.0f;
-      g = g * sx * weight_scale(p.w1s, p.ws_rows, e, i, N1) * w;
-      float a;
-      if (nr == 2) {
-        u = u * sx * weight_scale(p.w1s, p.ws_rows, e, int64_t(p.I) + i, N1) * w;
-        a = activate(p.act, g) * u;
+      if constexpr (kBlock) {  // the scales are already in the sums
+        g *= w;
+        u *= w;
       } else {
-        a = activate(p.act, g);
+        const float sx = s_scale[lane];
+        g = g * sx * weight_scale(p.w1s, p.ws_rows, e, i, N1) * w;
+        if (nr == 2) u = u * sx * weight_scale(p.w1s, p.ws_rows, e, int64_t(p.I) + i, N1) * w;
       }
+      const float a = nr == 2 ? activate(p.act, g) * u : activate(p.act, g);
       static_cast<float*>(p.a)[int64_t(slot) * p.I + i] = a;
     }
   }
 }
 
-// Stage 2 (fp8): grid as down_kernel; the a rows (f32) re-quantized per slot while staged.
-template <int MC>
+// Stage 2 (fp8): grid as down_kernel; the a rows (f32) re-quantized per slot (kBlock: per 1 x 128
+// group) while staged.
+template <int MC, bool kBlock>
 __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
   wait_for_predecessor();
   const Tables& tb = p.tb;
@@ -188,15 +263,23 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = blockIdx.x * kRows2 + 2 * warp;
   const uint8_t* w2e = static_cast<const uint8_t*>(p.w2) + int64_t(e) * p.H * p.I;
+  const int kb = p.I / kFp8Group;
+  float* asc = reinterpret_cast<float*>(as + size_t(MC) * p.I);  // kBlock: [MC][kb] group scales
   for (int c0 = 0; c0 < count; c0 += MC) {
     const int mc = min(MC, count - c0);
     __syncthreads();
     for (int m = 0; m < MC; ++m) {
       if (m < mc) {
         const int slot = tb.slot_list[first + c0 + m];
-        const float s = stage_quantized<float>(as + size_t(m) * p.I,
-                                               static_cast<const float*>(p.a) + int64_t(slot) * p.I, p.I, 0.0f, s_red);
-        if (threadIdx.x == 0) s_scale[m] = s;
+        const float* src = static_cast<const float*>(p.a) + int64_t(slot) * p.I;
+        if constexpr (kBlock) {
+          stage_quantized_groups<float>(as + size_t(m) * p.I, asc + m * kb, src, p.I);
+        } else {
+          const float s = stage_quantized<float>(as + size_t(m) * p.I, src, p.I, 0.0f, s_red);
+          if (threadIdx.x == 0) s_scale[m] = s;
+        }
+      } else if constexpr (kBlock) {
+        zero_groups(as + size_t(m) * p.I, asc + m * kb, p.I);
       } else {
         zero_row<__half>(as + size_t(m) * p.I, p.I);
         if (threadIdx.x == 0) s_scale[m] = 0.0f;
@@ -205,8 +288,12 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
     __syncthreads();
     if (h0 >= p.H) continue;
     const uint8_t* rows[2] = {w2e + int64_t(h0) * p.I, w2e + int64_t(h0 + 1) * p.I};
+    // kBlock: the [E, H / 128, I / 128] scales of the blocks holding rows h0 and h0 + 1.
+    const int64_t nb2 = p.H / kFp8Group;
+    const float* ws0 = p.w2s + (int64_t(e) * nb2 + h0 / kFp8Group) * kb;
+    const float* ws1 = p.w2s + (int64_t(e) * nb2 + (h0 + 1) / kFp8Group) * kb;
     float acc[2][MC] = {};
-    warp_dots_fp8<2, MC>(rows, as, p.I, lane, acc);
+    warp_dots_fp8<2, MC, kBlock>(rows, as, p.I, lane, acc, BlockScales<2>{{ws0, ws1}, asc, kb});
     float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
     for (int m = 0; m < MC; ++m) {
@@ -215,9 +302,11 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
     }
     if (lane < mc) {
       const int slot = tb.slot_list[first + c0 + lane];
-      const float sa = s_scale[lane];
-      y0 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0, p.H);
-      y1 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0 + 1, p.H);
+      if constexpr (!kBlock) {  // kBlock: the scales are already in the sums
+        const float sa = s_scale[lane];
+        y0 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0, p.H);
+        y1 *= sa * weight_scale(p.w2s, p.ws_rows, e, h0 + 1, p.H);
+      }
       *reinterpret_cast<float2*>(p.y + int64_t(slot) * p.H + h0) = make_float2(y0, y1);
     }
   }
