@@ -48,8 +48,11 @@ void register_fused_moe_sm90_fp8(Registry& r) {
          "as fused_moe_sm90_fp8_row, k == 1, router weight on the expert input", 110,
          erase_supports<FusedMoeParams, Auto::supports>, erase_workspace<FusedMoeParams, Auto::workspace>,
          erase_run<FusedMoeParams, run_tkw1>});
+  // NOTE: priority 90, below fused_moe_sm90_grouped_fp8_block (100), until the small_m block kernel
+  // has passed its tests on an H200: default dispatch stays on the GPU-validated kernel; it becomes
+  // 110 (the default, like fused_moe_sm90_fp8_row) once it has.
   r.add({"fused_moe_sm90_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()", 110,
+         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()", 90,
          erase_supports<FusedMoeParams, AutoBlock::supports>, erase_workspace<FusedMoeParams, AutoBlock::workspace>,
          erase_run<FusedMoeParams, run_block>});
 }
