@@ -3,7 +3,7 @@
 # nothing when all are present). The CUDA toolkit is optional: the CUDA backend is built when nvcc
 # is found (MOEKIT_CUDA=AUTO), e.g. /usr/local/cuda/bin/nvcc.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ ccache googletest libgtest-dev libcli11-dev nlohmann-json3-dev python3)
+pkgs=(cmake ninja-build g++ ccache googletest libgtest-dev libcli11-dev nlohmann-json3-dev python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,7 @@ step() {  # step NAME COMMAND...: runs COMMAND and prints its duration
 }
 
 if [[ $VENV != none && ! -x $PY ]]; then
+  mkdir -p "$(dirname "$VENV")"
   step "create venv $VENV" "${PYTHON:-python3}" -m venv "$VENV"
 fi
 if ! "$PY" -c "import torch" 2>/dev/null; then

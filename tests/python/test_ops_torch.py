@@ -33,7 +33,9 @@ def op_cases(device: str):
     q1 = w1.to(FP8)
     q2 = w2.to(FP8)
     s1, s2 = torch.rand(E, 2 * I, 1, **f32) * 0.01, torch.rand(E, H, 1, **f32) * 0.01
-    b1, b2 = torch.rand(E, 1, 1, **f32) * 0.01, torch.rand(E, 1, 1, **f32) * 0.01
+    # The block case: H = I = 128, the smallest shape the CUDA block kernels take (multiples of 128).
+    xb, w1b, w2b, _, _ = moe_problem(T, 128, 128, E, k, seed=6, device=device)
+    b1, b2 = torch.rand(E, 2, 1, **f32) * 0.01, torch.rand(E, 1, 1, **f32) * 0.01
     w_one = w[:, :1].contiguous()
     ids_one = ids[:, :1].contiguous()
     padded = moekit.sort_tokens_max_padded(T, k, E, 4)
@@ -58,7 +60,8 @@ def op_cases(device: str):
         ("ck_moe", (torch.empty_like(x), x, w1, w2, w, ids)),
         ("asm_moe", (torch.empty_like(x), x, q1, q2, w, ids, s1, s2)),
         ("asm_moe_tkw1", (torch.empty_like(x), x, q1, q2, w_one, ids_one, s1, s2)),
-        ("fmoe_fp8_blockscale_g1u1", (torch.empty(T, H, dtype=bf, device=device), x, q1, q2, w, ids, b1, b2)),
+        ("fmoe_fp8_blockscale_g1u1", (torch.empty(T, 128, dtype=bf, device=device), xb, w1b.to(FP8), w2b.to(FP8),
+                                      w, ids, b1, b2)),
     ]
 
 
@@ -84,7 +87,7 @@ def test_opcheck(name):
 
 
 # Ops without a CUDA kernel (moekit ops --json lists the kernels per backend).
-NO_CUDA_KERNEL = ("shuffle_weight", "unshuffle_weight", "pack_weight", "unpack_weight", "fmoe_fp8_blockscale_g1u1")
+NO_CUDA_KERNEL = ("shuffle_weight", "unshuffle_weight", "pack_weight", "unpack_weight")
 
 
 @requires_cuda
