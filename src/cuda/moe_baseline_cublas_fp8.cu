@@ -24,6 +24,7 @@
 // buffer, descriptor and algorithm is made in setup(); enqueue() only launches on its stream.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,13 @@ using namespace baseline_detail;
 constexpr int kBlock = 128;  // the only block / group size cuBLASLt's fp8 block scaling has
 
 int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+
+// The largest power of two <= 256 dividing a byte offset / address (cuBLASLt's alignment unit).
+uint32_t align_of(uint64_t v) {
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
 
 // ---------------------------------------------------------------- kernels
 // Step 2: gathered row r = fp8 row t = row_slot[r] / k of xq ([T, words] 16-byte words), and its G
@@ -249,6 +257,9 @@ Status params_supported(const FusedMoeParams& p, WScale* w1k, WScale* w2k) {
                        "cuBLASLt and the gather), got H = ",
                        d.H, ", I = ", d.I);
   }
+  if (!aligned16(p.w1.data) || !aligned16(p.w2.data)) {
+    return Unsupported("moe_baseline_cublas: fp8 path: w1 and w2 must start on a 16-byte boundary");
+  }
   MOEKIT_RETURN_IF_ERROR(check_w_scale(p.w1_scale, "w1_scale", block, d.E, d.N1, d.H, w1k));
   MOEKIT_RETURN_IF_ERROR(check_w_scale(p.w2_scale, "w2_scale", block, d.E, d.H, d.I, w2k));
   MOEKIT_RETURN_IF_ERROR(require_cuda(p.x, "x"));
@@ -325,6 +336,8 @@ class Fp8Baseline {
   QuantizeFp8Params x_quant_params(const FusedMoeParams& p) const;
   // Scale pointers of expert e in GEMM g for input set `set`.
   const void* weight_scale(const GemmPlan& g, int set, int64_t e) const;
+  // The alignment of expert e's weights in GEMM g, over every input set.
+  uint32_t min_align_a(const GemmPlan& g, int64_t e) const;
   const void* act_scale(const GemmPlan& g, int set, int64_t e) const;
   Status run_gemm(const GemmPlan& g, int set, const void* w, const void* in, void* out, cudaStream_t stream);
 
@@ -488,6 +501,15 @@ const void* Fp8Baseline::weight_scale(const GemmPlan& g, int set, int64_t e) con
   return base + size_t(e) * g.a_stride;
 }
 
+uint32_t Fp8Baseline::min_align_a(const GemmPlan& g, int64_t e) const {
+  uint32_t a = 256;
+  for (const FusedMoeParams& p : sets_) {
+    const TensorView& w = &g == &g1_ ? p.w1 : p.w2;
+    a = std::min(a, align_of(reinterpret_cast<uintptr_t>(w.data) + uint64_t(e * g.N * g.K)));
+  }
+  return a;
+}
+
 const void* Fp8Baseline::act_scale(const GemmPlan& g, int set, int64_t e) const {
   if (&g == &g1_ && gemm1_scalar_) return sets_[size_t(set)].a1_scale.data;
   return (&g == &g1_ ? sg1_ : sg2_) + g.chunk[size_t(e)];
@@ -527,6 +549,10 @@ Status Fp8Baseline::plan_gemm(GemmPlan* g, const char* name, int64_t N, int64_t 
   MOEKIT_RETURN_IF_ERROR(check_cublas(
       cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
       (what + " preference workspace").c_str()));
+  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, uint32_t v) {
+    return check_cublas(cublasLtMatmulPreferenceSetAttribute(raw, attr, &v, sizeof(v)),
+                        (what + " preference alignment").c_str());
+  };
   for (size_t e = 0; e < E; ++e) {
     const int64_t rows = begin_[e + 1] - begin_[e];
     if (rows == 0) continue;
@@ -535,6 +561,14 @@ Status Fp8Baseline::plan_gemm(GemmPlan* g, const char* name, int64_t N, int64_t 
                      (what + " cublasLtMatrixLayoutCreate (B)").c_str()));
     MOEKIT_RETURN_IF_ERROR(check_cublas(cublasLtMatrixLayoutCreate(&g->d[e], out_t, uint64_t(N), uint64_t(rows), N),
                                         (what + " cublasLtMatrixLayoutCreate (D)").c_str()));
+    // NOTE: the heuristic assumes 256-byte aligned operands unless told otherwise, and the matmul
+    // then fails on a less aligned one; an expert's rows start anywhere in the gathered buffers.
+    const uint32_t al_a = min_align_a(*g, int64_t(e)), al_b = align_of(g->K * begin_[e]),
+                   al_d = align_of(g->N * begin_[e] * dtype_size(dt_));
+    MOEKIT_RETURN_IF_ERROR(set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a));
+    MOEKIT_RETURN_IF_ERROR(set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b));
+    MOEKIT_RETURN_IF_ERROR(set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d));
+    MOEKIT_RETURN_IF_ERROR(set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d));
     // The heuristic sees expert e's real scale pointers (set 0), as the matmul will.
     const void* sa = weight_scale(*g, 0, int64_t(e));
     const void* sb = act_scale(*g, 0, int64_t(e));
