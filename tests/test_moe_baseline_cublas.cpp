@@ -19,11 +19,13 @@
 // activation and the weighted sum (what an unfused bf16 framework path does); the ref keeps both in
 // f32. So the bound is about twice kernel_vs_ref's: 3e-2 of rms + 3e-2 relative for bf16, 4e-3 for
 // f16, every element.
-// fp8 tolerance (kFp8Tol): same two roundings, and rounding h to bf16 before the activation moves
-// an element of a across an fp8 rounding boundary now and then (one e4m3 step is up to 1/8 of the
-// value), which then shifts the whole y row by a little; cuBLASLt also sums the K products in
-// another order. So twice the fp8 kernel_vs_ref row of docs/tolerances.md: 3e-2 of rms + 3e-2
-// relative, at most 5% of the elements beyond it, cosine >= 0.999, rms ratio within 1%.
+// fp8 tolerance (kFp8Tol): x is quantized by the same op (bit-identical codes and scales), but h is
+// rounded to bf16 (2^-9 relative) before the activation and the re-quantization of a, which moves
+// about 2% of a's elements across an e4m3 rounding boundary (one step: 6-12% of the value) and
+// nudges each row's scale; y is rounded to bf16 before the sum; cuBLASLt sums in another order.
+// Estimated error: rms about 1.3% of rms(y), spread like noise. Bound: 4e-2 of rms + 4e-2 relative
+// (about 3 sigma), at most 5% of the elements beyond it (the fp8 rows of docs/tolerances.md allow
+// the same fraction), cosine >= 0.999, rms ratio within 1%.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -438,7 +440,7 @@ TEST(MoeBaselineCublas, Fp8RefusesRowStridedX) {
 }
 
 // The ref of the same variant on the same (quantized) problem.
-constexpr MoeTolerance kFp8Tol{MoeVariant::fp8_row, DType::f32, MoeCompare::kernel_vs_ref, 3e-2, 3e-2, 0.05,
+constexpr MoeTolerance kFp8Tol{MoeVariant::fp8_row, DType::f32, MoeCompare::kernel_vs_ref, 4e-2, 4e-2, 0.05,
                                0.999, 0.99, 1.01};
 
 void expect_fp8_baseline_matches_ref(MoeProblem& prob, const std::string& what) {
