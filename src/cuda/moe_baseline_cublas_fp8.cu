@@ -10,7 +10,7 @@
 // D is then exactly h (or y) [rows, N] row-major, and both operands are K-major ("TN", the layout
 // fp8 GEMMs on Hopper want). So cuBLAS's A is the WEIGHT and its B the ACTIVATION: the weight's
 // scales go to A_SCALE_*, the activation's to B_SCALE_*. Scale layouts (those PyTorch's
-// _scaled_mm hands cuBLASLt for the same modes; to be confirmed on the H200, see the report):
+// _scaled_mm hands cuBLASLt for the same modes; the Fp8* GPU tests pin them on an H200):
 //   OUTER_VEC_32F    A: N floats (one per weight row), B: rows floats (one per gathered row);
 //   BLK128x128_32F   A: block (nb, kb) at nb * round_up(ceil(K/128), 4) + kb (K blocks inner,
 //                    their count padded to a multiple of 4) -- moekit's [E, Nb, Kb] scales are
