@@ -17,39 +17,14 @@
 #include "cuda/cuda_timing.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/moe_baseline_cublas.h"
+#include "cuda/moe_baseline_cublas_common.cuh"
+#include "cuda/moe_baseline_cublas_fp8.h"
 
 namespace moekit::cuda {
 
 namespace {
 
-constexpr size_t kCublasWorkspace = size_t(32) << 20;  // NVIDIA's recommendation for Hopper
-constexpr int kThreads = 256;
-
-Status check_cublas(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  return BackendError(what, ": ", cublasGetStatusString(s));
-}
-
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
-
-// Same formulas as the reference (src/ops/fused_moe/fused_moe_ref.h, activation()).
-__device__ __forceinline__ float activate(int act, float z) {
-  if (act == int(Activation::silu)) return z / (1.0f + expf(-z));
-  if (act == int(Activation::gelu)) return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
-  const float c = 0.79788456080286536f;  // sqrt(2 / pi)
-  return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
-}
+using namespace baseline_detail;
 
 // Step 1: gathered row r = x row (row_slot[r] / k). W is the copy word (uint4 when every row start is
 // 16-byte aligned, else one element); strides and widths are in words.
@@ -74,31 +49,6 @@ __global__ void act_mul(const T* __restrict__ h, int64_t N1, int64_t I, bool g1u
     const float g = activate(act, w * to_f32(hr[i]));
     a[r * I + i] = from_f32<T>(g1u1 ? g * (w * to_f32(hr[I + i])) : g);
   }
-}
-
-// Step 5: out[t, c] = sum over j in order of w_tj * y[slot_row[t * k + j], c] (f32), one rounding.
-template <class T>
-__global__ void weighted_sum(const T* __restrict__ y, int64_t H, const int32_t* __restrict__ slot_row,
-                             const float* __restrict__ topk_w, int k, bool weight_on_input, T* __restrict__ out,
-                             int64_t out_stride) {
-  const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int32_t row = slot_row[t * k + j];
-      if (row < 0) continue;
-      const float w = weight_on_input ? 1.0f : topk_w[t * k + j];
-      acc += w * to_f32(y[int64_t(row) * H + c]);
-    }
-    out[t * out_stride + c] = from_f32<T>(acc);
-  }
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-Status require_cuda(const TensorView& t, const char* name) {
-  if (t.device != Device::cuda) return Unsupported("moe_baseline_cublas: ", name, " must be a device tensor, got ", t.describe());
-  return Status::Ok();
 }
 
 // What the baseline computes: unquantized bf16 / f16, row-major contiguous weights, device tensors.
@@ -133,30 +83,6 @@ Status params_supported(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(require_cuda(p.w2, "w2"));
   MOEKIT_RETURN_IF_ERROR(require_cuda(p.topk_weights, "topk_weights"));
   MOEKIT_RETURN_IF_ERROR(require_cuda(p.out, "out"));
-  return Status::Ok();
-}
-
-Status routing_matches(const FusedMoeParams& p, const MoeBaselineRouting& r) {
-  const MoeDims d = moe_dims(p);
-  if (r.T != d.T || r.k != d.k || r.E != d.E || int64_t(r.slot_row.size()) != d.T * d.k ||
-      int64_t(r.expert_begin.size()) != d.E + 1) {
-    return InvalidArgument("moe_baseline_cublas: routing is for T=", r.T, " k=", r.k, " E=", r.E, ", params have T=",
-                           d.T, " k=", d.k, " E=", d.E);
-  }
-  // The lists index device buffers: check them here so a bad list can never read out of bounds.
-  const int64_t M = r.rows();
-  if (r.expert_begin.front() != 0 || r.expert_begin.back() != M) {
-    return InvalidArgument("moe_baseline_routing: expert_begin must run from 0 to rows() = ", M);
-  }
-  for (size_t e = 0; e + 1 < r.expert_begin.size(); ++e) {
-    if (r.expert_begin[e] > r.expert_begin[e + 1]) return InvalidArgument("moe_baseline_routing: expert_begin decreases at ", e);
-  }
-  for (int32_t slot : r.row_slot) {
-    if (slot < 0 || slot >= d.T * d.k) return InvalidArgument("moe_baseline_routing: row_slot holds ", slot);
-  }
-  for (int32_t row : r.slot_row) {
-    if (row < -1 || row >= M) return InvalidArgument("moe_baseline_routing: slot_row holds ", row);
-  }
   return Status::Ok();
 }
 
@@ -338,6 +264,7 @@ Status moe_baseline_routing(const FusedMoeParams& p, MoeBaselineRouting* out) {
 }
 
 Status run_moe_baseline_cublas(const FusedMoeParams& device_params, const MoeBaselineRouting& routing) {
+  if (is_fp8(device_params.w1.dtype)) return run_moe_baseline_cublas_fp8(device_params, routing);
   Baseline b;
   MOEKIT_RETURN_IF_ERROR(b.setup(device_params, routing));
   MOEKIT_RETURN_IF_ERROR(b.enqueue(device_params, nullptr));
@@ -347,6 +274,9 @@ Status run_moe_baseline_cublas(const FusedMoeParams& device_params, const MoeBas
 Status time_moe_baseline_cublas(const std::vector<FusedMoeParams>& device_sets, const MoeBaselineRouting& routing,
                                 int warmup, int iters, std::vector<double>* us, double* median_us) {
   if (device_sets.empty()) return InvalidArgument("time_moe_baseline_cublas: device_sets is empty");
+  if (is_fp8(device_sets.front().w1.dtype)) {
+    return time_moe_baseline_cublas_fp8(device_sets, routing, warmup, iters, us, median_us);
+  }
   Baseline b;
   MOEKIT_RETURN_IF_ERROR(b.setup(device_sets.front(), routing));
   std::vector<double> samples;

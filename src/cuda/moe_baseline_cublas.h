@@ -2,6 +2,8 @@
 // without a fused kernel does, timed by `moekit bench` next to every CUDA fused_moe row
 // (docs/cli.md, "The cuBLAS baseline"). Not a registered kernel. Declarations without CUDA types;
 // implementation in moe_baseline_cublas.cu; test: tests/test_moe_baseline_cublas.cpp.
+// fp8 weights (w1 fp8: SPEC 3.2 - 3.4) take the cuBLASLt fp8 path of moe_baseline_cublas_fp8.h
+// (same entry points below, same routing lists; steps there). What follows is the bf16 / f16 path.
 //
 //   1. gather: the x rows of every (token, slot) routed to a local expert, grouped by expert, into
 //      one contiguous buffer (one kernel);
