@@ -364,16 +364,6 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx) {
   return last_launch("fused_moe_sm90_grouped_fp8_block reduce");
 }
 
-Status check_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K) {
-  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
-  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
-  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
-  if (s.ndim != 3 || s.shape[0] != E || s.shape[1] != N / kBlk || s.shape[2] != K / kBlk) {
-    return Unsupported(name, ": block scales [", E, ", ", N / kBlk, ", ", K / kBlk, "] only, got ", s.describe());
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 }  // namespace grouped
 
@@ -384,8 +374,8 @@ Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p) {
   }
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_shape_supports(p));
   const MoeDims d = moe_dims(p);
-  MOEKIT_RETURN_IF_ERROR(grouped::check_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
-  return grouped::check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I);
+  MOEKIT_RETURN_IF_ERROR(check_fp8_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
+  return check_fp8_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I);
 }
 
 size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p) {

@@ -570,17 +570,6 @@ Status supports_fp8_impl(const FusedMoeParams& p) {
 
 // The 128 x 128 block variant: scales [E, N1 / 128, H / 128] and [E, H / 128, I / 128], H and I
 // multiples of 128, no static activation scale (x is quantized per 1 x 128 group).
-Status check_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K) {
-  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
-  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
-  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
-  if (s.ndim != 3 || s.shape[0] != E || s.shape[1] != N / kFp8Group || s.shape[2] != K / kFp8Group) {
-    return Unsupported(name, ": block scales [", E, ", ", N / kFp8Group, ", ", K / kFp8Group, "] only, got ",
-                       s.describe());
-  }
-  return Status::Ok();
-}
-
 Status supports_fp8_block_impl(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
   if (p.scale_block_n != kFp8Group || p.scale_block_k != kFp8Group) {
@@ -591,8 +580,8 @@ Status supports_fp8_block_impl(const FusedMoeParams& p) {
   if (d.H % kFp8Group != 0 || d.I % kFp8Group != 0) {
     return Unsupported("H = ", d.H, ", I = ", d.I, ": both must be multiples of 128 (the scale blocks)");
   }
-  MOEKIT_RETURN_IF_ERROR(check_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
-  MOEKIT_RETURN_IF_ERROR(check_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_block_scale(p.w1_scale, "w1_scale", d.E, d.N1, d.H));
+  MOEKIT_RETURN_IF_ERROR(check_fp8_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I));
   if (reinterpret_cast<uintptr_t>(p.w1.data) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w2.data) % 16 != 0) {
     return Unsupported("w1/w2: data must be 16-byte aligned");
   }
@@ -732,6 +721,17 @@ Status check_fp8_weight_scale(const TensorView& s, const char* name, int64_t E, 
     return Status::Ok();
   }
   return Unsupported(name, ": per-tensor [", E, "] or per-row [", E, ", ", N, "] scales only, got ", s.describe());
+}
+
+Status check_fp8_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K) {
+  if (!s.present()) return Unsupported(name, ": required for fp8 weights");
+  if (s.device != Device::cuda) return Unsupported(name, ": must be on the CUDA device");
+  if (s.dtype != DType::f32 || !s.is_contiguous()) return Unsupported(name, ": must be contiguous f32");
+  if (s.ndim != 3 || s.shape[0] != E || s.shape[1] != N / kFp8Group || s.shape[2] != K / kFp8Group) {
+    return Unsupported(name, ": block scales [", E, ", ", N / kFp8Group, ", ", K / kFp8Group, "] only, got ",
+                       s.describe());
+  }
+  return Status::Ok();
 }
 
 Status check_fp8_operands(const FusedMoeParams& p) {

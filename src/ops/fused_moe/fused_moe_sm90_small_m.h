@@ -33,6 +33,10 @@ Status check_fp8_operands(const FusedMoeParams& p);
 // [E, N] / [E, N, 1] (*per_row = true) shape, else unsupported naming `name` (fp8 kernels' supports()).
 Status check_fp8_weight_scale(const TensorView& s, const char* name, int64_t E, int64_t N, bool* per_row);
 
+// Ok when s is a device f32 contiguous 128 x 128 block scale [E, N / 128, K / 128] of an [E, N, K]
+// weight (N and K multiples of 128), else unsupported naming `name` (fp8 block kernels' supports()).
+Status check_fp8_block_scale(const TensorView& s, const char* name, int64_t E, int64_t N, int64_t K);
+
 // The same for the fp8 per-tensor / per-row W8A8 variants (fp8_row, fp8_row_tkw1).
 Status fused_moe_small_m_fp8_supports(const FusedMoeParams& p);
 size_t fused_moe_small_m_fp8_workspace_bytes(const FusedMoeParams& p);
