@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fused_moe_test_util.h"
@@ -96,6 +97,33 @@ void expect_fp8_kernels_ran(const std::vector<CaseResult>& results, const char* 
     ran += skipped ? 0 : 1;
   }
   EXPECT_GT(ran, 0);
+}
+
+// The CUDA check request of the fp8 kernel tests: scheme sc on the cuda backend, the harness edge
+// cases plus `tokens` (model empty), or a preset model's shape at `tokens` without edge cases.
+inline CheckRequest fp8_cuda_request(Scheme sc, std::vector<int64_t> tokens, bool weight_on_input = false,
+                                     const char* model = "") {
+  CheckRequest req;
+  req.shape.scheme = sc;
+  req.shape.scheme_given = true;
+  req.shape.weight_on_input = weight_on_input;
+  if (weight_on_input) req.shape.topk = 1;
+  if (*model != '\0') {
+    req.shape.model = model;
+    req.edge_cases = false;
+  }
+  req.tokens = std::move(tokens);
+  req.has_backend = true;
+  req.backend = Backend::cuda;
+  return req;
+}
+
+// The refusals by design of the 128 x 128 block kernels: shuffled / CPU-packed weights, H or I not
+// multiples of 128.
+inline bool block_kernel_may_skip(const std::string& name, const std::string& detail) {
+  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
+         detail.find("multiple of 128") != std::string::npos || detail.find("multiples of 128") != std::string::npos ||
+         detail.find("128 x 128") != std::string::npos;
 }
 
 }  // namespace moekit::testing::moe_test

@@ -31,24 +31,13 @@ constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 
 void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock); }
 
-bool may_skip(const std::string& name, const std::string& detail) {
-  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
-         detail.find("multiple of 128") != std::string::npos || detail.find("128 x 128") != std::string::npos;
-}
-
 TEST(FusedMoeSm90GroupedFp8Block, EdgeCasesAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
   for (bool on_input : {false, true}) {
-    CheckRequest req;
-    req.shape.scheme = Scheme::fp8_block;
-    req.shape.scheme_given = true;
-    req.shape.weight_on_input = on_input;
-    if (on_input) req.shape.topk = 1;
-    req.tokens = {1, 8, 64, 300};
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlock, may_skip);
+    moe_test::expect_fp8_kernels_ran(
+        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64, 300}, on_input)), kBlock, kBlock,
+        moe_test::block_kernel_may_skip);
   }
 }
 
@@ -56,16 +45,9 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
   SKIP_WITHOUT_KERNEL();
   // NOTE: the host reference dominates the run time; T = 48 keeps the test in seconds.
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
-    CheckRequest req;
-    req.shape.model = model;
-    req.shape.scheme = Scheme::fp8_block;
-    req.shape.scheme_given = true;
-    req.tokens = {48};
-    req.edge_cases = false;
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlock, may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model)),
+                                     kBlock, kBlock, moe_test::block_kernel_may_skip);
   }
 }
 

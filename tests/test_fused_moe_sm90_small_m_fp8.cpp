@@ -121,42 +121,21 @@ TEST(FusedMoeSm90SmallMFp8, RefusesBlockScalesAndUnquantizedWeights) {
     if (!why.empty()) GTEST_SKIP() << why;                              \
   } while (0)
 
-// Refused by design: shuffled / CPU-packed weights, H or I not multiples of 128.
-bool block_may_skip(const std::string& name, const std::string& detail) {
-  return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
-         detail.find("multiple of 128") != std::string::npos || detail.find("multiples of 128") != std::string::npos ||
-         detail.find("128 x 128") != std::string::npos;
-}
-
 TEST(FusedMoeSm90SmallMFp8, BlockEdgeCasesAndWeightOnInput) {
   SKIP_WITHOUT_BLOCK_KERNEL();
   for (bool on_input : {false, true}) {
-    CheckRequest req;
-    req.shape.scheme = Scheme::fp8_block;
-    req.shape.scheme_given = true;
-    req.shape.weight_on_input = on_input;
-    if (on_input) req.shape.topk = 1;
-    req.tokens = {1, 8, 64};
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlockAuto, block_may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64}, on_input)),
+                                     kBlock, kBlockAuto, moe_test::block_kernel_may_skip);
   }
 }
 
 TEST(FusedMoeSm90SmallMFp8, BlockPresets) {
   SKIP_WITHOUT_BLOCK_KERNEL();
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
-    CheckRequest req;
-    req.shape.model = model;
-    req.shape.scheme = Scheme::fp8_block;
-    req.shape.scheme_given = true;
-    req.tokens = {1, 8};
-    req.edge_cases = false;
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kBlock, kBlockAuto, block_may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8}, false, model)),
+                                     kBlock, kBlockAuto, moe_test::block_kernel_may_skip);
   }
 }
 
