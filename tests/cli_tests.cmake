@@ -110,3 +110,9 @@ moekit_cli_test(run_smoke_model
   "out=$(\"$0\" run --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --prompt 'Q: 1+1?' --max-new 5 2>&1) || exit 1; echo \"$out\"; echo \"$out\" | grep -q 'tokens/s'")
 moekit_cli_usage_error(eval_bad_scheme --scheme eval --model ${MOEKIT_SMOKE_MODELS} --scheme fp9)
 moekit_cli_usage_error(eval_bad_backend --backend eval --model ${MOEKIT_SMOKE_MODELS} --backend gpu)
+# A backend this machine cannot run: exit 2 naming it before any row (no half table); where a CUDA
+# device is present the check does not apply.
+moekit_cli_test(eval_unavailable_backend
+  "if \"$0\" ops | grep -qE '^  cuda +available'; then echo 'cuda available here: nothing to check'; exit 0; fi; \
+out=$(\"$0\" eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --data ${PROJECT_SOURCE_DIR}/models/data/arith_test.jsonl \
+--limit 1 --backend cpu,cuda 2>err.txt); rc=$?; cat err.txt; test $rc -eq 2 && test -z \"$out\" && grep -q -e '--backend cuda' err.txt")

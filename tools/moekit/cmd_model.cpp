@@ -29,6 +29,10 @@ using model::ModelScheme;
 using model::MoeModel;
 namespace fs = std::filesystem;
 
+// The metric's decoding budget (docs/models.md section 1; tools/train/train.py MAX_NEW_TOKENS):
+// greedy decoding stops at eos or after this many new tokens (test targets are <= 55 characters).
+constexpr int kEvalMaxNewTokens = 96;
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   size_t at = 0;
@@ -225,6 +229,11 @@ int run_eval(const EvalArgs& a) {
       a.data.empty() ? (fs::path(dirs.empty() ? "." : dirs[0]).parent_path() / "data" / "arith_test.jsonl").string()
                      : a.data;
   if (s.ok()) s = read_problems(data, limit, &problems);
+  // Every backend usable before the first row is printed (no half table on a machine without one).
+  for (size_t i = 0; s.ok() && i < backends.size(); ++i) {
+    const Status avail = registry().backend_available(backends[i]);
+    if (!avail.ok()) s = InvalidArgument("--backend ", backend_name(backends[i]), ": ", avail.message());
+  }
   if (!s.ok()) return report_error("eval", s);
 
   nlohmann::json rows = nlohmann::json::array();
@@ -250,7 +259,8 @@ int run_eval(const EvalArgs& a) {
         const std::string label = name + " " + backend_name(b) + " " + model::model_scheme_name(sc);
         std::vector<std::vector<int32_t>> out;
         const auto t0 = std::chrono::steady_clock::now();
-        s = m->generate(prompts, 64, int(batch), &out, [&](size_t d, size_t t) { progress_bar(label, d, t); });
+        s = m->generate(prompts, kEvalMaxNewTokens, int(batch), &out,
+                        [&](size_t d, size_t t) { progress_bar(label, d, t); });
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!s.ok()) return report_error("eval", s);
         int64_t hits = 0, tokens = 0;
