@@ -3,9 +3,12 @@
 // fp8 reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
 // presets (per-tensor, per-row, router weight on the input), several 128-row M tiles per expert,
 // tails around the warpgroup cut, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
-// and an expert map, rows of all zeros, large values, and supports()' refusals.
+// and an expert map, rows of all zeros, large values, and supports()' refusals. Suite
+// FusedMoeSm90GroupedFp8Bm64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64 (64-row tiles on
+// mma.sync e4m3): edge cases, presets at decode-sized T, several 64-row tiles per expert with tails,
+// the router weight on the input, a static scale, g1u0 with gelu and an expert map, zero / large rows.
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
-// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'
+// Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'  (Bm64 included)
 #include <gtest/gtest.h>
 
 #include <string>
@@ -139,6 +142,81 @@ TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
   MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
   const FusedMoeParams fp = bf.params();
   EXPECT_FALSE(k->supports(&fp).ok());
+}
+
+// ---- 64-row tiles on mma.sync (fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64)
+
+constexpr const char* kRow64 = "fused_moe_sm90_grouped_fp8_row_bm64";
+constexpr const char* kTkw164 = "fused_moe_sm90_grouped_fp8_row_tkw1_bm64";
+
+#define SKIP_WITHOUT_BM64()                                               \
+  do {                                                                    \
+    const std::string why = moe_test::cuda_kernel_unavailable(kRow64);    \
+    if (!why.empty()) GTEST_SKIP() << why;                                \
+  } while (0)
+
+void expect_bm64_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow64, kTkw164); }
+
+TEST(FusedMoeSm90GroupedFp8Bm64, EdgeCasesPerTensorPerRowAndWeightOnInput) {
+  SKIP_WITHOUT_BM64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
+                                       kRow64, kTkw164, may_skip);
+    }
+  }
+}
+
+TEST(FusedMoeSm90GroupedFp8Bm64, Presets) {
+  SKIP_WITHOUT_BM64();
+  for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
+    SCOPED_TRACE(model);
+    CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {8, 48}, std::string(model) == "llama4", model);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRow64, kTkw164, may_skip);
+  }
+}
+
+// Experts with 64, 65, 1, 130 and 129 rows (one to three 64-row tiles, partial last tiles, expert 5
+// empty), H = 384 (3 K slices of 128 codes), I = 256.
+TEST(FusedMoeSm90GroupedFp8Bm64, TailTilesAndManyTilesPerExpert) {
+  SKIP_WITHOUT_BM64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    MoeProblem prob = make(small_shape(sc, 389, 6, 1, 384, 256));
+    moe_test::assign_expert_rows(&prob, {64, 65, 1, 130, 129});
+    expect_bm64_matches_ref(prob);
+  }
+}
+
+// I = 384: three gemm1 N tiles of 128 gate + 128 up columns, gemm2 K = 3 slices of 128 codes; the
+// router weight on the input (k = 1).
+TEST(FusedMoeSm90GroupedFp8Bm64, WeightOnInputAndIntermediateTiles) {
+  SKIP_WITHOUT_BM64();
+  MoeShape s = small_shape(Scheme::fp8_channel, 100, 4, 1, 256, 384);
+  s.weight_on_input = true;
+  MoeProblem prob = make(s);
+  expect_bm64_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Bm64, StaticActivationScale) {
+  SKIP_WITHOUT_BM64();
+  MoeProblemOptions o;
+  o.static_a1_scale = true;
+  MoeProblem prob = make(small_shape(Scheme::fp8_channel, 20, 6, 2, 128, 256), o);
+  expect_bm64_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Bm64, G1U0GeluAndExpertMap) {
+  SKIP_WITHOUT_BM64();
+  MoeProblem prob = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 40, 10, 3, 256, 384);
+  expect_bm64_matches_ref(prob);
+}
+
+TEST(FusedMoeSm90GroupedFp8Bm64, ZeroRowsAndLargeValues) {
+  SKIP_WITHOUT_BM64();
+  MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 12, 5, 2, 128, 128));
+  moe_test::set_zero_and_large_rows(&prob);
+  expect_bm64_matches_ref(prob);
 }
 
 }  // namespace

@@ -201,11 +201,12 @@ struct Fp8Workspace {
 };
 constexpr size_t kFp8WsAlign = 256;
 
-inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int64_t a_scales, int splits) {
+inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int64_t a_scales, int splits,
+                                  int bm = 128) {
   const MoeDims d = moe_dims(p);
   Fp8Workspace l{};
   l.tk = d.T * d.k;
-  l.tiles_max = (l.tk + 127) / 128 + std::min<int64_t>(d.E, l.tk);  // 128-row M tiles
+  l.tiles_max = (l.tk + bm - 1) / bm + std::min<int64_t>(d.E, l.tk);  // bm-row M tiles
   l.splits = splits;
   size_t off = 0;
   auto take = [&](size_t bytes) {

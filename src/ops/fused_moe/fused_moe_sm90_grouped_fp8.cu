@@ -1,6 +1,8 @@
 // fused_moe_sm90_grouped_fp8 (see fused_moe_sm90_grouped_fp8.h): fp8 W8A8 prefill on the persistent
 // TMA + wgmma kernels of the bf16 path (fused_moe_sm90_grouped_tma.cuh) with e4m3 operands: a K slice
-// is 128 codes (128 bytes, the same 128-byte swizzle rows), four wgmma m64n256k32 per slice. The
+// is 128 codes (128 bytes, the same 128-byte swizzle rows), four wgmma m64n256k32 per slice. With few
+// rows per expert (fused_moe_sm90_grouped_tile_m says 64, as for bf16) the M tiles are 64 rows on the
+// cp.async + mma.sync mainloop of the bf16 BM 64 path instead (mma m16n8k32 e4m3, see E4m3x2). The
 // activations are quantized exactly as the reference does (fused_moe_ref_fp8.cpp, run_row); the
 // scales are applied in the epilogues (per row of A, per output column of the weights).
 // SPEC 3.2, 3.4. Deterministic by construction (no float atomics).
@@ -35,8 +37,11 @@ constexpr int kQuantThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
 // One scale per row for x and a; gemm2 in two K ranges when its work list is short.
-Fp8Workspace fp8_layout_of(const FusedMoeParams& p) {
+// bm: the M tile rows, 128 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row) or 64 (mma.sync,
+// fused_moe_sm90_grouped_fp8_row_bm64).
+Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm) {
   const MoeDims d = moe_dims(p);
+  if (bm != 128) return fp8_workspace(p, 1, 1, 1, bm);
   const int64_t tk = d.T * d.k, tiles_max = (tk + 127) / 128 + std::min<int64_t>(d.E, tk);
   return fp8_workspace(p, 1, 1,
                        fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes));
@@ -223,33 +228,179 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       });
 }
 
+// ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3
+// The loader, swizzled shared layout and ldmatrix addressing of fused_moe_sm90_grouped_mma.cuh work
+// on 16-bit elements; two e4m3 codes make one (E4m3x2), so a 64-element K slice there is 128 codes.
+// mma.sync m16n8k32 e4m3 takes its fragments in the registers m16n8k16 bf16 does: A rows g and g+8
+// at bytes 4t..4t+3 and 16+4t..16+4t+3 of a 32-byte K step, B the same along K, C the same
+// (g = lane / 4, t = lane % 4), so only the instruction differs.
+struct E4m3x2 {
+  uint16_t bits;
+};
+constexpr int kMmaBM = 64;
+using MmaTile = Tile<kMmaBM>;
+
+}  // namespace
+
+template <>
+struct MmaOp<E4m3x2> {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+namespace {
+
+// The A rows of a 64-row M tile: expert-ordered rows row0.. of a codes buffer [Tk, K] (K codes).
+__device__ __forceinline__ void mma_a_rows(TileSources<E4m3x2, kMmaBM>& src, const uint8_t* q, int k_codes, int row0,
+                                           int row_end, int tid) {
+  src.a_base = reinterpret_cast<const E4m3x2*>(q);
+  src.a_ld = k_codes / 2;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsA; ++i) {
+    const int row = row0 + loader_row(tid, i);
+    src.a_row[i] = row < row_end ? row : -1;
+  }
+}
+
+// gemm1 on BM 64 tiles, grid (tiles_max, N tiles) as gemm1_kernel of the bf16 path: A = xq rows, B = w1
+// codes; a = act(g) * u (or act(g)) in f32 with g = acc * s_x * w1_scale (* w), as gemm1_fp8_kernel.
+template <bool G1U1, Activation A>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm1_fp8_mma_kernel(Fp8GemmArgs p, const uint8_t* xq, const uint8_t* w1) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int tile = blockIdx.x;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;
+  const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
+  const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;  // BM 64: one warp row
+  const int n1 = G1U1 ? 2 * p.I : p.I, k2 = p.H / 2;
+  const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
+  TileSources<E4m3x2, kMmaBM> src;
+  mma_a_rows(src, xq, p.H, row0, row_end, tid);
+  // B rows as gemm1_kernel: g1u1 gate i0 + r / up I + i0 + r - 128, g1u0 i0 + r; valid below I.
+  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w1) + int64_t(e) * n1 * k2;
+  const int r0 = loader_row(tid, 0);
+  src.b_run[0] = w + int64_t(i0 + r0) * k2;
+  src.b_run[1] = w + int64_t(G1U1 ? p.I + i0 + r0 : i0 + r0 + kBN / 2) * k2;
+  src.b_step = int64_t(kThreads / 8) * k2;
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsB; ++i) {
+    const int m = G1U1 ? i % (MmaTile::kLoadsB / 2) : i;
+    src.b_ok |= uint32_t(32 * m < p.I - i0) << i;
+  }
+  constexpr int kGW = MmaTile::kWarpCols / 2;
+  constexpr int kNT = MmaTile::kNT;
+  Acc<kNT> acc;
+  mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
+      smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, row_end - row0, acc);
+
+  // The warp's columns lie in one 32-aligned block and I % 128 == 0: all valid or all past I.
+  const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
+  if (ic >= p.I) return;
+  const int nrows = row_end - row0, c0 = ic + 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = mi * 16 + (lane >> 2) + 8 * h;
+      if (rl >= nrows) continue;
+      const int row = row0 + rl;
+      const float sx = p.row_scale[row];
+      const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+      float* orow = p.out + int64_t(row) * p.I;
+      if constexpr (G1U1) {
+#pragma unroll
+        for (int j = 0; j < kNT / 2; ++j) {
+          const int c = c0 + 8 * j;
+          const float* g = &acc.v[mi][j][2 * h];
+          const float* u = &acc.v[mi][j + kNT / 2][2 * h];
+          const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
+          const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * wt;
+          const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * wt;
+          *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          const int c = c0 + 8 * j;
+          const float* g = &acc.v[mi][j][2 * h];
+          const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
+          *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0), act<A>(g1));
+        }
+      }
+    }
+  }
+}
+
+// gemm2 on BM 64 tiles, grid (tiles_max, H / 256): A = aq rows, B = w2 codes; y = acc * s_a * w2_scale.
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm2_fp8_mma_kernel(Fp8GemmArgs p, const uint8_t* aq, const uint8_t* w2) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int tile = blockIdx.x;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;
+  const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1];
+  const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;
+  const int h0 = blockIdx.y * kBN, k2 = p.I / 2;
+  TileSources<E4m3x2, kMmaBM> src;
+  mma_a_rows(src, aq, p.I, row0, row_end, tid);
+  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w2) + int64_t(e) * p.H * k2;
+  const int r0 = loader_row(tid, 0);
+  src.b_run[0] = w + int64_t(h0 + r0) * k2;
+  src.b_run[1] = w + int64_t(h0 + r0 + kBN / 2) * k2;
+  src.b_step = int64_t(kThreads / 8) * k2;
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
+  constexpr int kNT = MmaTile::kNT;
+  Acc<kNT> acc;
+  mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, row_end - row0, acc);
+
+  const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
+  if (hc >= p.H) return;
+  const int nrows = row_end - row0, c0 = hc + 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = mi * 16 + (lane >> 2) + 8 * h;
+      if (rl >= nrows) continue;
+      const int row = row0 + rl;
+      const float sa = p.row_scale[row];
+      float* yrow = p.out + int64_t(row) * p.H;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const int c = c0 + 8 * j;
+        const float* v = &acc.v[mi][j][2 * h];
+        *reinterpret_cast<float2*>(yrow + c) =
+            make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
+      }
+    }
+  }
+}
+
+// Launches a BM 64 kernel with its dynamic shared memory (the 4-stage cp.async pipeline).
+Status launch_mma(void (*fn)(Fp8GemmArgs, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
+                  const char* what, const Fp8GemmArgs& args, const uint8_t* a, const uint8_t* b) {
+  constexpr int kSmem = MmaTile::kSmemBytes;
+  MOEKIT_RETURN_IF_ERROR(
+      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), what));
+  fn<<<grid, kThreads, kSmem, s>>>(args, a, b);
+  return last_launch(what);
+}
+
 // ---------------------------------------------------------------- host side
-template <class TT>
-Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
+// The BM 128 gemms: persistent TMA + wgmma kernels (one CTA per SM at most), gemm2 in l.splits K
+// ranges.
+Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
+                   uint8_t* xq, uint8_t* aq, float* a, float* sa, int n_tiles1, int n_tiles2, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
-  const Fp8Workspace l = fp8_layout_of(p);
-  auto* base = static_cast<unsigned char*>(ctx.workspace);
-  base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
-  auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
-  auto* xq = base + l.xq;
-  auto* aq = base + l.aq;
-  auto* sx = reinterpret_cast<float*>(base + l.sx);
-  auto* sa = reinterpret_cast<float*>(base + l.sa);
-  auto* a = reinterpret_cast<float*>(base + l.a);
-  auto* y = reinterpret_cast<float*>(base + l.y);
-  cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
-
-  MOEKIT_RETURN_IF_ERROR(launch_route(p,
-                                      {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
-                                       at(l.tile_row0), at(l.num_tiles)},
-                                      l.tk, l.tiles_max, 128, s, "fused_moe_sm90_grouped_fp8 route"));
-
-  const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
-  quant_rows_kernel<TT><<<unsigned(l.tk), kQuantThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
-                                                                  at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
-                                                                  int(d.H), fixed, xq, sx);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant x"));
-
   const int64_t n1 = d.N1;
   CUtensorMap ma1, mb1, ma2, mb2;
   constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -265,26 +416,69 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx) {
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
 
-  const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
-  Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
-                 p.topk_weights.ptr<const float>(), sx, p.w1_scale.ptr<const float>(), a, 0, int(d.H), int(d.I), 1,
-                 w1_rows, p.weight_on_input};
-  const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
                                           "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
 
-  quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, at(l.offsets), int(d.E),
+  quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, g1.offsets, int(d.E),
                                                                      int(d.I), nullptr, aq, sa);
   MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant a"));
+  return launch_ws_kernel(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), s,
+                          "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
+}
 
+template <class TT>
+Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
+  const MoeDims d = moe_dims(p);
+  const Fp8Workspace l = fp8_layout_of(p, bm);
+  auto* base = static_cast<unsigned char*>(ctx.workspace);
+  base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
+  auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto* xq = base + l.xq;
+  auto* aq = base + l.aq;
+  auto* sx = reinterpret_cast<float*>(base + l.sx);
+  auto* sa = reinterpret_cast<float*>(base + l.sa);
+  auto* a = reinterpret_cast<float*>(base + l.a);
+  auto* y = reinterpret_cast<float*>(base + l.y);
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
+
+  MOEKIT_RETURN_IF_ERROR(launch_route(p,
+                                      {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
+                                       at(l.tile_row0), at(l.num_tiles)},
+                                      l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
+
+  const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
+  quant_rows_kernel<TT><<<unsigned(l.tk), kQuantThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
+                                                                  at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
+                                                                  int(d.H), fixed, xq, sx);
+  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant x"));
+
+  const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
+  Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
+                 p.topk_weights.ptr<const float>(), sx, p.w1_scale.ptr<const float>(), a, 0, int(d.H), int(d.I), 1,
+                 w1_rows, p.weight_on_input};
   Fp8GemmArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
                  p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
                  int(d.I), l.splits, w2_rows, false};
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), s,
-                                          "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2));
+  const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
+  if (bm == kMmaBM) {
+    auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
+      return gemm1_fp8_mma_kernel<decltype(g1u1)::value, decltype(act)::value>;
+    });
+    MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), unsigned(n_tiles1)), s,
+                                      "fused_moe_sm90_grouped_fp8 gemm1 (BM 64)", g1, xq,
+                                      static_cast<const uint8_t*>(p.w1.data)));
+    quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, at(l.offsets), int(d.E),
+                                                                       int(d.I), nullptr, aq, sa);
+    MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant a"));
+    MOEKIT_RETURN_IF_ERROR(launch_mma(gemm2_fp8_mma_kernel, dim3(unsigned(l.tiles_max), unsigned(n_tiles2)), s,
+                                      "fused_moe_sm90_grouped_fp8 gemm2 (BM 64)", g2, aq,
+                                      static_cast<const uint8_t*>(p.w2.data)));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(run_fp8_tma(p, l, g1, g2, xq, aq, a, sa, n_tiles1, n_tiles2, s));
+  }
 
   ReduceArgs rd{y, l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), l.splits, p.weight_on_input};
@@ -316,19 +510,29 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
 }
 
 size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::fp8_layout_of(p).total;
+  return grouped::fp8_layout_of(p, 128).total;
 }
 
-Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) {
+namespace {
+
+Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm) {
   const MoeDims d = moe_dims(p);
   if (d.T == 0) return Status::Ok();
-  if (ctx.workspace == nullptr || ctx.workspace_bytes < fused_moe_sm90_grouped_fp8_workspace_bytes(p)) {
-    return InvalidArgument("workspace: fused_moe_sm90_grouped_fp8 needs ", fused_moe_sm90_grouped_fp8_workspace_bytes(p),
-                           " device bytes, got ", ctx.workspace_bytes);
+  const size_t need = grouped::fp8_layout_of(p, bm).total;
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < need) {
+    return InvalidArgument("workspace: fused_moe_sm90_grouped_fp8 needs ", need, " device bytes, got ",
+                           ctx.workspace_bytes);
   }
-  if (p.x.dtype == DType::bf16) return grouped::run_fp8_typed<__nv_bfloat16>(p, ctx);
-  return grouped::run_fp8_typed<__half>(p, ctx);
+  if (p.x.dtype == DType::bf16) return grouped::run_fp8_typed<__nv_bfloat16>(p, ctx, bm);
+  return grouped::run_fp8_typed<__half>(p, ctx, bm);
 }
+
+size_t workspace_bm64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM).total; }
+Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM); }
+
+}  // namespace
+
+Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, 128); }
 
 void register_fused_moe_sm90_grouped_fp8(Registry& r) {
   for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
@@ -339,6 +543,17 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
            erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
            erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>});
+  }
+  // NOTE: priority 90: the 64-row mma.sync tiles are for experts with few rows (decode / small
+  // prefill batches); a kernel of its own until its speed against the 128-row tiles has been
+  // measured per shape and a rule for the choice exists.
+  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_bm64" : "fused_moe_sm90_grouped_fp8_row_tkw1_bm64",
+           OpKind::fused_moe, v, Backend::cuda,
+           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64-row tiles on "
+           "mma.sync m16n8k32 e4m3 (cp.async pipeline) f32 accumulate, f32 sum over k",
+           90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+           erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
   }
 }
 
