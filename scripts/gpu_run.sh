@@ -52,7 +52,7 @@ fi
 if has check; then
   : > "$L/check.log"
   for m in mixtral deepseek-v3 llama4 qwen3-moe; do
-    timeout 60 $B/moekit check --op all --backend cuda --model "$m" >> "$L/check.log" 2>&1
+    timeout ${CHECK_LIMIT:-90} $B/moekit check --op all --backend cuda --model "$m" >> "$L/check.log" 2>&1
     say "check cuda $m rc=$? $(tail -1 "$L/check.log")"
   done
   grep -E " FAIL " "$L/check.log" | head -30 | tee -a "$S"
