@@ -70,6 +70,40 @@ inline Status require_cuda(const TensorView& t, const char* name) {
   return Status::Ok();
 }
 
+// The weight checks both paths make: w1 / w2 row_major, w1 / w2 / topk_weights contiguous.
+inline Status check_weight_layout(const FusedMoeParams& p) {
+  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
+    return Unsupported("moe_baseline_cublas: w1 / w2 must be row_major (shuffled layouts are not GEMM operands)");
+  }
+  if (!p.w1.is_contiguous() || !p.w2.is_contiguous() || !p.topk_weights.is_contiguous()) {
+    return Unsupported("moe_baseline_cublas: w1, w2 and topk_weights must be contiguous");
+  }
+  return Status::Ok();
+}
+
+// The shape checks both paths make (the front door's validation does not run on the baseline's
+// params): x [T, H], w1 [E, N1, H] with N1 = 2I or I, w2 [E, H, I], topk_weights f32 [T*k], out [T, H].
+inline Status check_shapes(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  if (p.x.ndim != 2 || p.w1.ndim != 3 || p.w2.ndim != 3 || p.w1.shape[2] != d.H || p.w2.shape[0] != d.E ||
+      p.w2.shape[1] != d.H || (d.N1 != 2 * d.I && d.N1 != d.I) || p.topk_weights.dtype != DType::f32 ||
+      p.topk_weights.numel() != d.T * d.k || p.out.ndim != 2 || p.out.shape[0] != d.T || p.out.shape[1] != d.H) {
+    return InvalidArgument("moe_baseline_cublas: inconsistent shapes: x ", p.x.describe(), ", w1 ", p.w1.describe(),
+                           ", w2 ", p.w2.describe(), ", topk_weights ", p.topk_weights.describe(), ", out ",
+                           p.out.describe());
+  }
+  return Status::Ok();
+}
+
+// x, w1, w2, topk_weights and out on the device.
+inline Status require_cuda_operands(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(require_cuda(p.x, "x"));
+  MOEKIT_RETURN_IF_ERROR(require_cuda(p.w1, "w1"));
+  MOEKIT_RETURN_IF_ERROR(require_cuda(p.w2, "w2"));
+  MOEKIT_RETURN_IF_ERROR(require_cuda(p.topk_weights, "topk_weights"));
+  return require_cuda(p.out, "out");
+}
+
 inline Status routing_matches(const FusedMoeParams& p, const MoeBaselineRouting& r) {
   const MoeDims d = moe_dims(p);
   if (r.T != d.T || r.k != d.k || r.E != d.E || int64_t(r.slot_row.size()) != d.T * d.k ||

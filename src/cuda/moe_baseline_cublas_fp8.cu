@@ -218,24 +218,13 @@ Status params_supported(const FusedMoeParams& p, WScale* w1k, WScale* w2k) {
   if (p.out.dtype != dt) {
     return Unsupported("moe_baseline_cublas: out must have x's dtype ", dtype_name(dt), ", got ", dtype_name(p.out.dtype));
   }
-  if (p.w1.layout != Layout::row_major || p.w2.layout != Layout::row_major) {
-    return Unsupported("moe_baseline_cublas: w1 / w2 must be row_major (shuffled layouts are not GEMM operands)");
-  }
-  if (!p.w1.is_contiguous() || !p.w2.is_contiguous() || !p.topk_weights.is_contiguous()) {
-    return Unsupported("moe_baseline_cublas: w1, w2 and topk_weights must be contiguous");
-  }
+  MOEKIT_RETURN_IF_ERROR(check_weight_layout(p));
   if (!p.x.is_contiguous() || !p.out.is_row_strided_2d()) {
     return Unsupported("moe_baseline_cublas: fp8 path: x must be contiguous (quantize_fp8's input) and out must have "
                        "a unit last-dimension stride");
   }
+  MOEKIT_RETURN_IF_ERROR(check_shapes(p));
   const MoeDims d = moe_dims(p);
-  if (p.x.ndim != 2 || p.w1.ndim != 3 || p.w2.ndim != 3 || p.w1.shape[2] != d.H || p.w2.shape[0] != d.E ||
-      p.w2.shape[1] != d.H || (d.N1 != 2 * d.I && d.N1 != d.I) || p.topk_weights.dtype != DType::f32 ||
-      p.topk_weights.numel() != d.T * d.k || p.out.ndim != 2 || p.out.shape[0] != d.T || p.out.shape[1] != d.H) {
-    return InvalidArgument("moe_baseline_cublas: inconsistent shapes: x ", p.x.describe(), ", w1 ", p.w1.describe(),
-                           ", w2 ", p.w2.describe(), ", topk_weights ", p.topk_weights.describe(), ", out ",
-                           p.out.describe());
-  }
   if (p.weight_on_input && d.k != 1) {
     return InvalidArgument("moe_baseline_cublas: weight_on_input needs k == 1, got k = ", d.k);
   }
@@ -262,11 +251,7 @@ Status params_supported(const FusedMoeParams& p, WScale* w1k, WScale* w2k) {
   }
   MOEKIT_RETURN_IF_ERROR(check_w_scale(p.w1_scale, "w1_scale", block, d.E, d.N1, d.H, w1k));
   MOEKIT_RETURN_IF_ERROR(check_w_scale(p.w2_scale, "w2_scale", block, d.E, d.H, d.I, w2k));
-  MOEKIT_RETURN_IF_ERROR(require_cuda(p.x, "x"));
-  MOEKIT_RETURN_IF_ERROR(require_cuda(p.w1, "w1"));
-  MOEKIT_RETURN_IF_ERROR(require_cuda(p.w2, "w2"));
-  MOEKIT_RETURN_IF_ERROR(require_cuda(p.topk_weights, "topk_weights"));
-  MOEKIT_RETURN_IF_ERROR(require_cuda(p.out, "out"));
+  MOEKIT_RETURN_IF_ERROR(require_cuda_operands(p));
   if (p.a1_scale.present()) MOEKIT_RETURN_IF_ERROR(require_cuda(p.a1_scale, "a1_scale"));
   return Status::Ok();
 }
