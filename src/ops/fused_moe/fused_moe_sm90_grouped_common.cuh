@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
@@ -34,6 +35,33 @@ __device__ __forceinline__ float act(float z) {
   } else {
     const float c = 0.79788456080286536f;  // sqrt(2 / pi)
     return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
+  }
+}
+
+// N = 4 or 8 consecutive elements of a bf16 / f16 / f32 row (one 8- / 16-byte vector of 16-bit
+// values, N / 4 float4 of f32; p aligned to that) as f32: the fp8 activation quantizers' loads.
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+template <int N, class T>
+__device__ __forceinline__ void load_f32(const T* p, float (&f)[N]) {
+  static_assert(N == 4 || N == 8, "4 or 8 elements");
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(p)[i];
+      f[4 * i] = v.x, f[4 * i + 1] = v.y, f[4 * i + 2] = v.z, f[4 * i + 3] = v.w;
+    }
+  } else {
+    using Vec = std::conditional_t<N == 8, uint4, uint2>;
+    using Pair = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    const Vec v = *reinterpret_cast<const Vec*>(p);
+    const Pair* h = reinterpret_cast<const Pair*>(&v);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 t = to_float2(h[i]);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
   }
 }
 

@@ -48,31 +48,6 @@ Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm) {
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void load8(const __half* p, float (&f)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
 // One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when
 // row_entry is given, else src row r) -> n e4m3fn codes q[r] and its scale s[r]:
 // s = max(amax, kFp8AmaxFloor) / 448 (or *fixed), code = e4m3fn(v / s) (bit-identical to the
@@ -92,7 +67,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     float amax = 0.0f;
     for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
       float f[8];
-      load8(v + c, f);
+      load_f32<8>(v + c, f);
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
     }
@@ -108,7 +83,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   uint8_t* qr = q + int64_t(r) * n;
   for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
     float f[8];
-    load8(v + c, f);
+    load_f32<8>(v + c, f);
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = __fdiv_rn(f[i], s);
     *reinterpret_cast<uint2*>(qr + c) = make_uint2(encode4_e4m3fn(f), encode4_e4m3fn(f + 4));

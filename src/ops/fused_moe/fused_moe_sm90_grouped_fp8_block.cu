@@ -57,23 +57,6 @@ Fp8Workspace blk_layout_of(const FusedMoeParams& p) {
 }
 
 // ---------------------------------------------------------------- per-group quantizer
-__device__ __forceinline__ void load4(const __nv_bfloat16* p, float (&f)[4]) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-__device__ __forceinline__ void load4(const __half* p, float (&f)[4]) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-__device__ __forceinline__ void load4(const float* p, float (&f)[4]) {
-  const float4 v = *reinterpret_cast<const float4*>(p);
-  f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-}
-
 // One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k], or src row r
 // without row_entry) -> n codes q[r] and n / 128 group scales scale[r, g]; warp w takes groups w,
 // w + 8, ..., each lane 4 consecutive values. n % 128 == 0.
@@ -87,7 +70,7 @@ __global__ void __launch_bounds__(kQThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = n / kBlk;
   for (int g = warp; g < G; g += kQThreads / 32) {
     float f[4];
-    load4(v + g * kBlk + lane * 4, f);
+    load_f32<4>(v + g * kBlk + lane * 4, f);
     float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
