@@ -99,6 +99,13 @@ void expect_fp8_kernels_ran(const std::vector<CaseResult>& results, const char* 
   EXPECT_GT(ran, 0);
 }
 
+// Kernel k's supports() refuses the random problem of shape s.
+inline void expect_refuses(const Kernel& k, const MoeShape& s) {
+  MoeProblem prob = make(s);
+  const FusedMoeParams p = prob.params();
+  EXPECT_FALSE(k.supports(&p).ok()) << k.name << " accepted " << scheme_name(s.scheme) << " H=" << s.H << " I=" << s.I;
+}
+
 // The CUDA check request of the fp8 kernel tests: scheme sc on the cuda backend, the harness edge
 // cases plus `tokens` (model empty), or a preset model's shape at `tokens` without edge cases.
 inline CheckRequest fp8_cuda_request(Scheme sc, std::vector<int64_t> tokens, bool weight_on_input = false,

@@ -49,16 +49,9 @@ TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
-      CheckRequest req;
-      req.shape.scheme = sc;
-      req.shape.scheme_given = true;
-      req.shape.weight_on_input = on_input;
-      if (on_input) req.shape.topk = 1;
-      req.tokens = {1, 8, 64, 300};
-      req.has_backend = true;
-      req.backend = Backend::cuda;
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      const std::vector<CaseResult> results = check_fused_moe(req);
+      const std::vector<CaseResult> results =
+          check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input));
       moe_test::expect_fp8_kernels_ran(results, kRow, kTkw1, may_skip);
       moe_test::expect_fp8_kernels_ran(results, kAutoRow, kAutoTkw1, may_skip);
     }
@@ -70,16 +63,8 @@ TEST(FusedMoeSm90GroupedFp8, Presets) {
   // NOTE: the host fp8 reference dominates the run time (its cost grows with T): T = 48 gives
   // the scaled presets several rows per touched expert while the test stays in seconds.
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
-    CheckRequest req;
-    req.shape.model = model;
-    req.shape.scheme = Scheme::fp8_channel;
-    req.shape.scheme_given = true;
-    if (std::string(model) == "llama4") req.shape.weight_on_input = true;
-    req.tokens = {48};
-    req.edge_cases = false;
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(model);
+    CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {48}, std::string(model) == "llama4", model);
     moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRow, kTkw1, may_skip);
   }
 }
@@ -136,12 +121,8 @@ TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
   const Kernel* k = registry().find(kRow);
   if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  MoeProblem blk = make(small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
-  const FusedMoeParams bp = blk.params();
-  EXPECT_FALSE(k->supports(&bp).ok());
-  MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
-  const FusedMoeParams fp = bf.params();
-  EXPECT_FALSE(k->supports(&fp).ok());
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
+  moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
 // ---- 64-row tiles on mma.sync (fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64)

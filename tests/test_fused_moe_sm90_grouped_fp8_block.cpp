@@ -84,12 +84,8 @@ TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
 TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {
   const Kernel* k = registry().find(kBlock);
   if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  MoeProblem row = make(small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
-  const FusedMoeParams rp = row.params();
-  EXPECT_FALSE(k->supports(&rp).ok());
-  MoeProblem odd = make(small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
-  const FusedMoeParams op = odd.params();
-  EXPECT_FALSE(k->supports(&op).ok());
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
 }
 
 }  // namespace

@@ -51,16 +51,8 @@ TEST(FusedMoeSm90SmallMFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
-      CheckRequest req;
-      req.shape.scheme = sc;
-      req.shape.scheme_given = true;
-      req.shape.weight_on_input = on_input;
-      if (on_input) req.shape.topk = 1;
-      req.tokens = {1, 8, 64};
-      req.has_backend = true;
-      req.backend = Backend::cuda;
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      expect_ran(check_fused_moe(req));
+      expect_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64}, on_input)));
     }
   }
 }
@@ -68,16 +60,8 @@ TEST(FusedMoeSm90SmallMFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
 TEST(FusedMoeSm90SmallMFp8, Presets) {
   SKIP_WITHOUT_KERNEL();
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
-    CheckRequest req;
-    req.shape.model = model;
-    req.shape.scheme = Scheme::fp8_channel;
-    req.shape.scheme_given = true;
-    req.tokens = {1, 8, 64};
-    req.edge_cases = false;
-    req.has_backend = true;
-    req.backend = Backend::cuda;
     SCOPED_TRACE(model);
-    expect_ran(check_fused_moe(req));
+    expect_ran(check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_channel, {1, 8, 64}, false, model)));
   }
 }
 
@@ -105,12 +89,8 @@ TEST(FusedMoeSm90SmallMFp8, ZeroRowsAndLargeValues) {
 TEST(FusedMoeSm90SmallMFp8, RefusesBlockScalesAndUnquantizedWeights) {
   const Kernel* k = registry().find(kRow);
   if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  MoeProblem blk = make(small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
-  const FusedMoeParams bp = blk.params();
-  EXPECT_FALSE(k->supports(&bp).ok());
-  MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
-  const FusedMoeParams fp = bf.params();
-  EXPECT_FALSE(k->supports(&fp).ok());
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
+  moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
 // ---- 128 x 128 block scales (fused_moe_sm90_small_m_fp8_block)
@@ -167,15 +147,9 @@ TEST(FusedMoeSm90SmallMFp8, BlockZeroRowsAndLargeValues) {
 TEST(FusedMoeSm90SmallMFp8, BlockRefusesPerRowScalesAndOddSizes) {
   const Kernel* k = registry().find(kBlock);
   if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  MoeProblem row = make(small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
-  const FusedMoeParams rp = row.params();
-  EXPECT_FALSE(k->supports(&rp).ok());
-  MoeProblem odd = make(small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
-  const FusedMoeParams op = odd.params();
-  EXPECT_FALSE(k->supports(&op).ok());
-  MoeProblem bf = make(small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
-  const FusedMoeParams fp = bf.params();
-  EXPECT_FALSE(k->supports(&fp).ok());
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
 // The auto kernel on both sides of choose_moe_strategy_fp8: T = 1 (small_m) and T = 200 (grouped).
