@@ -162,6 +162,32 @@ __device__ __forceinline__ void zero_groups(__half* dst, float* scales, int n) {
   for (int g = threadIdx.x; g < n / kFp8Group; g += kThreads) scales[g] = 0.0f;
 }
 
+// Stages slot m of a chunk into rows[m] (f16 values of the codes), or zeros when src is null (a
+// slot past the chunk's count), with its scales: kBlock one per 1 x 128 group into
+// group_scales[m][n / 128], else one per row (dynamic, or `fixed` when > 0) into s_scale[m]. Whole
+// CTA; src null or not is uniform over the CTA.
+template <bool kBlock, class XT>
+__device__ __forceinline__ void stage_slot(__half* rows, float* group_scales, float* s_scale, float* s_red, int m,
+                                           const XT* src, int n, float fixed) {
+  __half* dst = rows + size_t(m) * n;
+  if constexpr (kBlock) {
+    float* gs = group_scales + m * (n / kFp8Group);
+    if (src != nullptr) {
+      stage_quantized_groups<XT>(dst, gs, src, n);
+    } else {
+      zero_groups(dst, gs, n);
+    }
+  } else {
+    float s = 0.0f;
+    if (src != nullptr) {
+      s = stage_quantized<XT>(dst, src, n, fixed, s_red);
+    } else {
+      zero_row<__half>(dst, n);
+    }
+    if (threadIdx.x == 0) s_scale[m] = s;
+  }
+}
+
 __device__ __forceinline__ float weight_scale(const float* s, bool per_row, int e, int64_t n, int64_t N) {
   return per_row ? s[int64_t(e) * N + n] : s[e];
 }
@@ -190,21 +216,8 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
     const int mc = min(MC, count - c0);
     __syncthreads();
     for (int m = 0; m < MC; ++m) {
-      if (m < mc) {
-        const int t = tb.slot_list[first + c0 + m] / p.k;
-        const T* src = static_cast<const T*>(p.x) + t * p.x_stride;
-        if constexpr (kBlock) {
-          stage_quantized_groups<T>(xs + size_t(m) * p.H, xsc + m * kb, src, p.H);
-        } else {
-          const float s = stage_quantized<T>(xs + size_t(m) * p.H, src, p.H, fixed, s_red);
-          if (threadIdx.x == 0) s_scale[m] = s;
-        }
-      } else if constexpr (kBlock) {
-        zero_groups(xs + size_t(m) * p.H, xsc + m * kb, p.H);
-      } else {
-        zero_row<__half>(xs + size_t(m) * p.H, p.H);
-        if (threadIdx.x == 0) s_scale[m] = 0.0f;
-      }
+      const T* src = m < mc ? static_cast<const T*>(p.x) + (tb.slot_list[first + c0 + m] / p.k) * p.x_stride : nullptr;
+      stage_slot<kBlock, T>(xs, xsc, s_scale, s_red, m, src, p.H, fixed);
     }
     __syncthreads();
     if (i >= p.I) continue;
@@ -269,21 +282,8 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
     const int mc = min(MC, count - c0);
     __syncthreads();
     for (int m = 0; m < MC; ++m) {
-      if (m < mc) {
-        const int slot = tb.slot_list[first + c0 + m];
-        const float* src = static_cast<const float*>(p.a) + int64_t(slot) * p.I;
-        if constexpr (kBlock) {
-          stage_quantized_groups<float>(as + size_t(m) * p.I, asc + m * kb, src, p.I);
-        } else {
-          const float s = stage_quantized<float>(as + size_t(m) * p.I, src, p.I, 0.0f, s_red);
-          if (threadIdx.x == 0) s_scale[m] = s;
-        }
-      } else if constexpr (kBlock) {
-        zero_groups(as + size_t(m) * p.I, asc + m * kb, p.I);
-      } else {
-        zero_row<__half>(as + size_t(m) * p.I, p.I);
-        if (threadIdx.x == 0) s_scale[m] = 0.0f;
-      }
+      const float* src = m < mc ? static_cast<const float*>(p.a) + int64_t(tb.slot_list[first + c0 + m]) * p.I : nullptr;
+      stage_slot<kBlock, float>(as, asc, s_scale, s_red, m, src, p.I, 0.0f);
     }
     __syncthreads();
     if (h0 >= p.H) continue;
