@@ -17,7 +17,12 @@
 //                    repacked into that in setup, like a checkpoint loader would;
 //   VEC128_32F       B: group (r, kb) at kb * rows + r (the rows inner: "M-major").
 // Every scale vector an expert's GEMM points at starts on a 16-byte boundary (chunks padded to a
-// multiple of 4 floats).
+// multiple of 4 floats); SCALAR scales too: cublasLtMatmul refuses (NOT_SUPPORTED) a scalar scale
+// pointer that is only 4-byte aligned, so the per-tensor w1 scales are spread 4 floats apart in
+// setup and a1_scale is copied into an aligned float on the stream before the gate/up GEMM.
+// With block scales each expert's rows are padded to a multiple of 16 (kBlockRowPad): on sm_90
+// (cuBLASLt 13.1, H200) BLK128x128 x VEC128 has no algorithm for n < 16 (n = 1, 11 refused; 16, 64,
+// 128, 512 run). A padding row repeats the expert's first row; its results are never read.
 //
 // Deterministic: cuBLASLt GEMMs with a fixed algorithm per expert (chosen in setup) and workspace,
 // the quantizers are exact, the weighted sum runs over k in slot order. Graph-capturable: every
@@ -43,6 +48,8 @@ namespace {
 using namespace baseline_detail;
 
 constexpr int kBlock = 128;  // the only block / group size cuBLASLt's fp8 block scaling has
+constexpr int64_t kBlockRowPad = 16;  // block scales: each expert's gathered rows, a multiple of this
+constexpr int64_t kScalarStride = 4;  // floats between two aligned SCALAR scales (16 bytes)
 
 int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
 
@@ -173,6 +180,31 @@ __global__ void pad_block_scales(const float* __restrict__ src, int64_t rows, in
 }
 
 // ---------------------------------------------------------------- host side
+// The routing with each expert's rows padded to a multiple of `pad` (pad 1: unchanged). A padding
+// row takes the slot of the expert's first row, so every kernel reads a real token for it; no slot
+// maps to a padding row, so its results are never read.
+MoeBaselineRouting pad_rows(const MoeBaselineRouting& r, int64_t pad) {
+  if (pad <= 1) return r;
+  MoeBaselineRouting p = r;
+  const size_t E = size_t(r.E);
+  p.expert_begin.assign(E + 1, 0);
+  p.row_slot.clear();
+  std::vector<int32_t> new_row(r.row_slot.size(), -1);
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t b = r.expert_begin[e], rows = r.expert_begin[e + 1] - b;
+    const int64_t padded = (rows + pad - 1) / pad * pad;
+    p.expert_begin[e + 1] = p.expert_begin[e] + padded;
+    for (int64_t i = 0; i < padded; ++i) {
+      if (i < rows) new_row[size_t(b + i)] = int32_t(p.row_slot.size());
+      p.row_slot.push_back(r.row_slot[size_t(b + (i < rows ? i : 0))]);
+    }
+  }
+  for (int32_t& row : p.slot_row) {
+    if (row >= 0) row = new_row[size_t(row)];
+  }
+  return p;
+}
+
 const char* scale_mode_name(int32_t m) {
   switch (m) {
     case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: return "SCALAR_32F";
@@ -297,7 +329,7 @@ class Fp8Baseline {
     for (void* p : allocs_) cudaFree(p);
   }
 
-  Status setup(const std::vector<FusedMoeParams>& sets, const MoeBaselineRouting& r);
+  Status setup(const std::vector<FusedMoeParams>& sets, const MoeBaselineRouting& routing);
   Status enqueue(int set, cudaStream_t stream);
 
  private:
@@ -341,14 +373,15 @@ class Fp8Baseline {
   void *ws_ = nullptr, *h_ = nullptr, *y_ = nullptr;
   uint8_t *xq_ = nullptr, *xg_ = nullptr, *aq_ = nullptr;
   float *sx_ = nullptr, *sg1_ = nullptr, *sg2_ = nullptr;
+  float* a1_ = nullptr;                // a1_scale, copied to a 16-byte aligned float (SCALAR mode)
   int32_t *slot_row_ = nullptr, *row_slot_ = nullptr, *soff1_ = nullptr, *soff2_ = nullptr, *sld_ = nullptr;
 };
 
-Status Fp8Baseline::setup(const std::vector<FusedMoeParams>& sets, const MoeBaselineRouting& r) {
+Status Fp8Baseline::setup(const std::vector<FusedMoeParams>& sets, const MoeBaselineRouting& routing) {
   if (sets.empty()) return InvalidArgument("moe_baseline_cublas: no input set");
   const FusedMoeParams& p0 = sets.front();
   MOEKIT_RETURN_IF_ERROR(params_supported(p0, &w1k_, &w2k_));
-  MOEKIT_RETURN_IF_ERROR(routing_matches(p0, r));
+  MOEKIT_RETURN_IF_ERROR(routing_matches(p0, routing));
   d_ = moe_dims(p0);
   for (const FusedMoeParams& p : sets) {
     WScale k1, k2;
@@ -364,6 +397,7 @@ Status Fp8Baseline::setup(const std::vector<FusedMoeParams>& sets, const MoeBase
   dt_ = p0.x.dtype;
   block_ = w1k_ == WScale::block;
   gemm1_scalar_ = !block_ && p0.a1_scale.present() && w1k_ == WScale::per_tensor;
+  const MoeBaselineRouting r = pad_rows(routing, block_ ? kBlockRowPad : 1);
   begin_ = r.expert_begin;
   M_ = r.rows();
   if (d_.T == 0) return Status::Ok();
@@ -415,7 +449,9 @@ Status Fp8Baseline::setup(const std::vector<FusedMoeParams>& sets, const MoeBase
   MOEKIT_RETURN_IF_ERROR(upload(sld, &sld_));
   MOEKIT_RETURN_IF_ERROR(alloc(size_t(g1_.chunk.back()) * sizeof(float), reinterpret_cast<void**>(&sg1_)));
   MOEKIT_RETURN_IF_ERROR(alloc(size_t(g2_.chunk.back()) * sizeof(float), reinterpret_cast<void**>(&sg2_)));
-  g1_.a_stride = size_t(block_ ? ((N1 + kBlock - 1) / kBlock) * round_up4(Hb) : round_up4(N1));
+  g1_.a_stride = size_t(block_ ? ((N1 + kBlock - 1) / kBlock) * round_up4(Hb)
+                                : (gemm1_scalar_ ? kScalarStride : round_up4(N1)));
+  if (gemm1_scalar_) MOEKIT_RETURN_IF_ERROR(alloc(kScalarStride * sizeof(float), reinterpret_cast<void**>(&a1_)));
   g2_.a_stride = size_t(block_ ? Hb * round_up4(Ib) : round_up4(H));
 
   scales_.resize(sets_.size());
@@ -468,12 +504,11 @@ Status Fp8Baseline::prepare_scales(const FusedMoeParams& p, SetScales* s) {
     return last_launch("moe_baseline_cublas: pad_block_scales (w2)");
   }
   if (E == 0) return Status::Ok();
-  if (!gemm1_scalar_) {
-    MOEKIT_RETURN_IF_ERROR(alloc(size_t(E) * g1_.a_stride * sizeof(float), reinterpret_cast<void**>(&s->w1)));
-    expand_row_scales<<<grid, kThreads>>>(p.w1_scale.ptr<const float>(), w1k_ == WScale::per_tensor, E, d_.N1,
-                                          int64_t(g1_.a_stride), s->w1);
-    MOEKIT_RETURN_IF_ERROR(last_launch("moe_baseline_cublas: expand_row_scales (w1)"));
-  }
+  // SCALAR: expert e's scale alone at s->w1[e * kScalarStride] (an OUTER_VEC row of length 1).
+  MOEKIT_RETURN_IF_ERROR(alloc(size_t(E) * g1_.a_stride * sizeof(float), reinterpret_cast<void**>(&s->w1)));
+  expand_row_scales<<<grid, kThreads>>>(p.w1_scale.ptr<const float>(), w1k_ == WScale::per_tensor, E,
+                                        gemm1_scalar_ ? 1 : d_.N1, int64_t(g1_.a_stride), s->w1);
+  MOEKIT_RETURN_IF_ERROR(last_launch("moe_baseline_cublas: expand_row_scales (w1)"));
   MOEKIT_RETURN_IF_ERROR(alloc(size_t(E) * g2_.a_stride * sizeof(float), reinterpret_cast<void**>(&s->w2)));
   expand_row_scales<<<grid, kThreads>>>(p.w2_scale.ptr<const float>(), w2k_ == WScale::per_tensor, E, d_.H,
                                         int64_t(g2_.a_stride), s->w2);
@@ -481,7 +516,6 @@ Status Fp8Baseline::prepare_scales(const FusedMoeParams& p, SetScales* s) {
 }
 
 const void* Fp8Baseline::weight_scale(const GemmPlan& g, int set, int64_t e) const {
-  if (&g == &g1_ && gemm1_scalar_) return sets_[size_t(set)].w1_scale.ptr<const float>() + e;
   const float* base = &g == &g1_ ? scales_[size_t(set)].w1 : scales_[size_t(set)].w2;
   return base + size_t(e) * g.a_stride;
 }
@@ -496,7 +530,7 @@ uint32_t Fp8Baseline::min_align_a(const GemmPlan& g, int64_t e) const {
 }
 
 const void* Fp8Baseline::act_scale(const GemmPlan& g, int set, int64_t e) const {
-  if (&g == &g1_ && gemm1_scalar_) return sets_[size_t(set)].a1_scale.data;
+  if (&g == &g1_ && gemm1_scalar_) return a1_;
   return (&g == &g1_ ? sg1_ : sg2_) + g.chunk[size_t(e)];
 }
 
@@ -619,6 +653,11 @@ Status Fp8Baseline::enqueue(int set, cudaStream_t stream) {
         reinterpret_cast<const uint4*>(xq_), H / 16, row_slot_, k, sx, stat ? 0 : (block_ ? Hb : 1),
         int(block_ ? Hb : 1), soff1_, sld_, reinterpret_cast<uint4*>(xg_), gemm1_scalar_ ? nullptr : sg1_);
     MOEKIT_RETURN_IF_ERROR(last_launch("moe_baseline_cublas: gather_fp8_rows"));
+    if (gemm1_scalar_) {  // the static scale, where cuBLASLt can read it (16-byte aligned)
+      MOEKIT_RETURN_IF_ERROR(check_cuda(
+          cudaMemcpyAsync(a1_, p.a1_scale.data, sizeof(float), cudaMemcpyDeviceToDevice, stream),
+          "moe_baseline_cublas: a1_scale copy"));
+    }
     // 3. h_e [rows, N1] = dequant(xg_e) . dequant(w1[e])^T
     MOEKIT_RETURN_IF_ERROR(run_gemm(g1_, set, p.w1.data, xg_, h_, stream));
     // 4. a = act(g) * u, re-quantized per row / per 1 x 128 group
