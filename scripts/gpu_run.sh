@@ -79,7 +79,7 @@ if has bench; then
     say "bench $m rc=$?"
     for sc in ${FP8_SCHEMES:-fp8_tensor}; do
       kern=fused_moe_sm90_fp8_row,fused_moe_sm90_grouped_fp8_row_bm64
-      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_grouped_fp8_block
+      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_fp8_block,fused_moe_sm90_grouped_fp8_block
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
         --scheme "$sc" --kernel $kern --iters ${BENCH_ITERS:-30} --json \
         > "$L/bench_${m}_$sc.json" 2> "$L/bench_${m}_$sc.err"

@@ -51,6 +51,20 @@ TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
   EXPECT_EQ(pick_fp8(4096, 8, 256), MoeStrategy::grouped_gemm);
 }
 
+TEST(FusedMoeHeuristic, Fp8GroupedTileRows) {
+  // 64-row tiles up to 2 rows per touched expert (Mixtral T = 8: 16 entries over 8 experts; Qwen3
+  // and DeepSeek-V3 T = 8: one row on each of 64 experts; DeepSeek-V3 T = 64: 2 rows on 256).
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(8 * 2, 8), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(8 * 8, 128), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 8, 256), 64);
+  // 128-row tiles above (Qwen3 T = 64: 4 rows; Mixtral T = 64: 16; every T = 4096).
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 8, 128), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 2, 8), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(17, 8), 128);  // 2.125 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(4096 * 8, 256), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(0, 8), 128);  // no entries
+}
+
 TEST(FusedMoeHeuristic, NamesAndReasons) {
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::small_m), "small_m");
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::grouped_gemm), "grouped_gemm");

@@ -18,8 +18,9 @@ namespace {
 constexpr MoeStrategyKernel kSmallM = {fused_moe_small_m_fp8_supports, fused_moe_small_m_fp8_workspace_bytes,
                                        fused_moe_small_m_fp8_run, "fused_moe_sm90_small_m_fp8_row"};
 constexpr MoeStrategyKernel kGrouped = {fused_moe_sm90_grouped_fp8_supports,
-                                        fused_moe_sm90_grouped_fp8_workspace_bytes, fused_moe_sm90_grouped_fp8_run,
-                                        "fused_moe_sm90_grouped_fp8_row"};
+                                        fused_moe_sm90_grouped_fp8_tiled_workspace_bytes,
+                                        fused_moe_sm90_grouped_fp8_tiled_run,
+                                        "fused_moe_sm90_grouped_fp8_row"};  // tiles: fused_moe_sm90_grouped_fp8_tile_m
 using Auto = MoeAutoKernel<kSmallM, kGrouped, choose_moe_strategy_fp8>;
 
 constexpr MoeStrategyKernel kSmallMBlock = {fused_moe_small_m_fp8_block_supports, fused_moe_small_m_fp8_workspace_bytes,
@@ -48,11 +49,8 @@ void register_fused_moe_sm90_fp8(Registry& r) {
          "as fused_moe_sm90_fp8_row, k == 1, router weight on the expert input", 110,
          erase_supports<FusedMoeParams, Auto::supports>, erase_workspace<FusedMoeParams, Auto::workspace>,
          erase_run<FusedMoeParams, run_tkw1>});
-  // NOTE: priority 90, below fused_moe_sm90_grouped_fp8_block (100), until the small_m block kernel
-  // has passed its tests on an H200: default dispatch stays on the GPU-validated kernel; it becomes
-  // 110 (the default, like fused_moe_sm90_fp8_row) once it has.
   r.add({"fused_moe_sm90_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()", 90,
+         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()", 110,
          erase_supports<FusedMoeParams, AutoBlock::supports>, erase_workspace<FusedMoeParams, AutoBlock::workspace>,
          erase_run<FusedMoeParams, run_block>});
 }

@@ -20,6 +20,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/fp8_encode.cuh"
+#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -509,6 +510,20 @@ Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(
 
 Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, 128); }
 
+namespace {
+int tiled_bm(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  return fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64 ? grouped::kMmaBM : 128;
+}
+}  // namespace
+
+size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p) {
+  return grouped::fp8_layout_of(p, tiled_bm(p)).total;
+}
+Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_bm(p, ctx, tiled_bm(p));
+}
+
 void register_fused_moe_sm90_grouped_fp8(Registry& r) {
   for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
     r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row" : "fused_moe_sm90_grouped_fp8_row_tkw1",
@@ -519,9 +534,8 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
            erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>});
   }
-  // NOTE: priority 90: the 64-row mma.sync tiles are for experts with few rows (decode / small
-  // prefill batches); a kernel of its own until its speed against the 128-row tiles has been
-  // measured per shape and a rule for the choice exists.
+  // The 64-row tiles alone (priority 90: fused_moe_sm90_fp8_row picks them by
+  // fused_moe_sm90_grouped_fp8_tile_m); for benches and tests that want them at any T.
   for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
     r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_bm64" : "fused_moe_sm90_grouped_fp8_row_tkw1_bm64",
            OpKind::fused_moe, v, Backend::cuda,

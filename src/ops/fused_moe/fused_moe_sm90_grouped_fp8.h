@@ -35,6 +35,11 @@ size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p);
 // Runs the kernel (p validated and supported, ctx.workspace on the device).
 Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx);
 
+// The kernel with its M tile rows chosen by fused_moe_sm90_grouped_fp8_tile_m (fused_moe_heuristic.h):
+// what fused_moe_sm90_fp8_row runs for prefill.
+size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p);
+Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx);
+
 // Adds the registry rows fused_moe_sm90_grouped_fp8_row and _fp8_row_tkw1 (priority 100).
 void register_fused_moe_sm90_grouped_fp8(Registry& r);
 
