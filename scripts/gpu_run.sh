@@ -36,7 +36,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 # memcheck: the CUDA tests of the fused kernels and the graph test; racecheck (much slower): small
 # shapes of every CUDA kernel that uses shared memory. Both fit the device tool's 10-minute call.
 MEMCHECK_FILTER='FusedMoeSm90Grouped*:CudaGraph*:FusedMoeSm90SmallM.Edge*:FusedMoeSm90SmallMFp8.Block*:FusedMoeSm90Fp8BlockAuto*:MoeBaselineCublas.Fp8*'
-RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
+RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90GroupedFp8Block.Bm64RowCountsPerExpert:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
 
 say "# moekit GPU run $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$S"
@@ -72,14 +72,14 @@ if has bench; then
   # bf16: every CUDA kernel of the variant; fp8 (FP8_SCHEMES, default fp8_tensor; e.g.
   # "fp8_tensor fp8_channel fp8_block"): the auto kernel fused_moe_sm90_fp8_row (small_m fp8 at large
   # T takes seconds per call) beside the 64-row-tile kernel fused_moe_sm90_grouped_fp8_row_bm64,
-  # fp8_block: fused_moe_sm90_grouped_fp8_block.
+  # fp8_block: the auto kernel beside fused_moe_sm90_grouped_fp8_block and its 64-row-tile _bm64.
   for m in mixtral deepseek-v3 qwen3-moe; do
     timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
       --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
     say "bench $m rc=$?"
     for sc in ${FP8_SCHEMES:-fp8_tensor}; do
       kern=fused_moe_sm90_fp8_row,fused_moe_sm90_grouped_fp8_row_bm64
-      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_fp8_block,fused_moe_sm90_grouped_fp8_block
+      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_fp8_block,fused_moe_sm90_grouped_fp8_block,fused_moe_sm90_grouped_fp8_block_bm64
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
         --scheme "$sc" --kernel $kern --iters ${BENCH_ITERS:-30} --json \
         > "$L/bench_${m}_$sc.json" 2> "$L/bench_${m}_$sc.err"

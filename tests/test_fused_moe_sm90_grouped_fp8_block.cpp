@@ -2,7 +2,9 @@
 // 128 x 128 block-scaled CUDA kernel against fused_moe_ref_fp8_block with the kernel_vs_ref row of
 // docs/tolerances.md: the harness edge cases and presets, several 128-row M tiles per expert, tails
 // around the warpgroup cut, g1u0 with gelu and an expert map, the router weight on the input, rows
-// of all zeros and large values, and supports()' refusals.
+// of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
+// fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
+// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@ using moe_test::make;
 using moe_test::small_shape;
 
 constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
+constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
 
 #define SKIP_WITHOUT_KERNEL()                                            \
   do {                                                                   \
@@ -29,15 +32,20 @@ constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
     if (!why.empty()) GTEST_SKIP() << why;                               \
   } while (0)
 
-void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock); }
+void expect_matches_ref(MoeProblem& prob) {
+  for (const char* k : {kBlock, kBlock64}) {
+    SCOPED_TRACE(k);
+    moe_test::expect_fp8_cuda_matches_ref(prob, k, k);
+  }
+}
 
 TEST(FusedMoeSm90GroupedFp8Block, EdgeCasesAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
   for (bool on_input : {false, true}) {
     SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
-    moe_test::expect_fp8_kernels_ran(
-        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64, 300}, on_input)), kBlock, kBlock,
-        moe_test::block_kernel_may_skip);
+    const std::vector<CaseResult> results =
+        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64, 300}, on_input));
+    for (const char* k : {kBlock, kBlock64}) moe_test::expect_fp8_kernels_ran(results, k, k, moe_test::block_kernel_may_skip);
   }
 }
 
@@ -46,8 +54,9 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
   // NOTE: the host reference dominates the run time; T = 48 keeps the test in seconds.
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
     SCOPED_TRACE(model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model)),
-                                     kBlock, kBlock, moe_test::block_kernel_may_skip);
+    const std::vector<CaseResult> results =
+        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model));
+    for (const char* k : {kBlock, kBlock64}) moe_test::expect_fp8_kernels_ran(results, k, k, moe_test::block_kernel_may_skip);
   }
 }
 
@@ -82,10 +91,24 @@ TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
 }
 
 TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {
-  const Kernel* k = registry().find(kBlock);
-  if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
-  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  for (const char* name : {kBlock, kBlock64}) {
+    SCOPED_TRACE(name);
+    const Kernel* k = registry().find(name);
+    if (k == nullptr) GTEST_SKIP() << "not compiled in";
+    moe_test::expect_refuses(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+    moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  }
+}
+
+// 64-row tiles with one or two rows per expert (the decode shapes the bm64 kernel is for), the
+// three mainloop widths (<= 16, <= 32, 64 rows: MA = 1, 2, 4 m16 tiles) and a tail tile.
+TEST(FusedMoeSm90GroupedFp8Block, Bm64RowCountsPerExpert) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem few = make(small_shape(Scheme::fp8_block, 8, 16, 2, 256, 256));
+  expect_matches_ref(few);
+  MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 256, 384));
+  moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
+  expect_matches_ref(widths);
 }
 
 }  // namespace

@@ -20,12 +20,13 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/fp8_encode.cuh"
-#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
+#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
 
@@ -205,43 +206,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 // ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3
-// The loader, swizzled shared layout and ldmatrix addressing of fused_moe_sm90_grouped_mma.cuh work
-// on 16-bit elements; two e4m3 codes make one (E4m3x2), so a 64-element K slice there is 128 codes.
-// mma.sync m16n8k32 e4m3 takes its fragments in the registers m16n8k16 bf16 does: A rows g and g+8
-// at bytes 4t..4t+3 and 16+4t..16+4t+3 of a 32-byte K step, B the same along K, C the same
-// (g = lane / 4, t = lane % 4), so only the instruction differs.
-struct E4m3x2 {
-  uint16_t bits;
-};
-constexpr int kMmaBM = 64;
-using MmaTile = Tile<kMmaBM>;
-
-}  // namespace
-
-template <>
-struct MmaOp<E4m3x2> {
-  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-namespace {
-
-// The A rows of a 64-row M tile: expert-ordered rows row0.. of a codes buffer [Tk, K] (K codes).
-__device__ __forceinline__ void mma_a_rows(TileSources<E4m3x2, kMmaBM>& src, const uint8_t* q, int k_codes, int row0,
-                                           int row_end, int tid) {
-  src.a_base = reinterpret_cast<const E4m3x2*>(q);
-  src.a_ld = k_codes / 2;
-#pragma unroll
-  for (int i = 0; i < MmaTile::kLoadsA; ++i) {
-    const int row = row0 + loader_row(tid, i);
-    src.a_row[i] = row < row_end ? row : -1;
-  }
-}
+// (E4m3x2, mma_a_rows, launch_mma: fused_moe_sm90_grouped_mma_fp8.cuh)
 
 // gemm1 on BM 64 tiles, grid (tiles_max, N tiles) as gemm1_kernel of the bf16 path: A = xq rows, B = w1
 // codes; a = act(g) * u (or act(g)) in f32 with g = acc * s_x * w1_scale (* w), as gemm1_fp8_kernel.
@@ -359,16 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-}
-
-// Launches a BM 64 kernel with its dynamic shared memory (the 4-stage cp.async pipeline).
-Status launch_mma(void (*fn)(Fp8GemmArgs, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
-                  const char* what, const Fp8GemmArgs& args, const uint8_t* a, const uint8_t* b) {
-  constexpr int kSmem = MmaTile::kSmemBytes;
-  MOEKIT_RETURN_IF_ERROR(
-      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), what));
-  fn<<<grid, kThreads, kSmem, s>>>(args, a, b);
-  return last_launch(what);
 }
 
 // ---------------------------------------------------------------- host side

@@ -18,7 +18,8 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 // Runs the kernel (p validated and supported, ctx.workspace on the device).
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
 
-// Adds the registry row fused_moe_sm90_grouped_fp8_block (priority 100, variant fp8_block).
+// Adds the registry rows fused_moe_sm90_grouped_fp8_block (128-row tiles, priority 100) and
+// fused_moe_sm90_grouped_fp8_block_bm64 (64-row tiles, priority 90), variant fp8_block.
 void register_fused_moe_sm90_grouped_fp8_block(Registry& r);
 
 }  // namespace moekit::cuda

@@ -193,6 +193,13 @@ __device__ __forceinline__ void load_frags(Frags<2 * NG>& f, uint32_t sa, uint32
   }
 }
 
+// What the mainloop does after the MMAs of each K slice (the stage of kBK elements): nothing
+// (NoSliceHook), or, for block-scaled fp8, a hook whose slice<MA>(kt, acc) promotes the slice's
+// partial sums into its own accumulators and zeroes acc (fused_moe_sm90_grouped_fp8_block.cu).
+struct NoSliceHook {
+  static constexpr bool kActive = false;
+};
+
 template <class TT, int NT, int MA>
 __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 #pragma unroll
@@ -207,9 +214,11 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 // with every cp.async drained and a barrier, so the caller may reuse shared memory.
 // MA: the m16 tiles of each warp that are multiplied (4, or fewer when the caller knows the rows
 // of the others are all invalid: their accumulators stay 0).
-template <class TT, int BM, int kSplit, int MA = 4>
+// Hook: NoSliceHook, or a type with kActive = true and slice<MA>(kt, acc), called after the last
+// MMA of K slice kt.
+template <class TT, int BM, int kSplit, int MA = 4, class Hook = NoSliceHook>
 __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
-                                         Acc<Tile<BM>::kNT>& acc) {
+                                         Acc<Tile<BM>::kNT>& acc, Hook& hook) {
   using Tl = Tile<BM>;
   static_assert(MA >= 1 && MA <= 4, "1 to 4 m16 tiles per warp");
   constexpr int kStageBytes = Tl::kStageElems * 2;
@@ -266,6 +275,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
       }
       mma_step<TT, Tl::kNT, MA>(acc, f[ks & 1]);
     }
+    if constexpr (Hook::kActive) hook.template slice<MA>(kt, acc);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -276,14 +286,20 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 // of every warp). NOTE: experts with few rows (DeepSeek-V3 / Qwen3 at small T: 4-32 rows) are
 // where the padded MMA work dominated; BM 128 always runs all 4 (its tiles hold >= 64 rows on
 // average) so its mainloop stays one straight-line block.
+template <class TT, int BM, int kSplit, class Hook = NoSliceHook>
+__device__ __forceinline__ void mainloop_rows(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
+                                              int rows, Acc<Tile<BM>::kNT>& acc, Hook& hook) {
+  if constexpr (Tile<BM>::kWM == 1) {
+    if (rows <= 16) return mainloop<TT, BM, kSplit, 1>(smem, src, K, nbase0, acc, hook);
+    if (rows <= 32) return mainloop<TT, BM, kSplit, 2>(smem, src, K, nbase0, acc, hook);
+  }
+  mainloop<TT, BM, kSplit, 4>(smem, src, K, nbase0, acc, hook);
+}
 template <class TT, int BM, int kSplit>
 __device__ __forceinline__ void mainloop_rows(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
                                               int rows, Acc<Tile<BM>::kNT>& acc) {
-  if constexpr (Tile<BM>::kWM == 1) {
-    if (rows <= 16) return mainloop<TT, BM, kSplit, 1>(smem, src, K, nbase0, acc);
-    if (rows <= 32) return mainloop<TT, BM, kSplit, 2>(smem, src, K, nbase0, acc);
-  }
-  mainloop<TT, BM, kSplit, 4>(smem, src, K, nbase0, acc);
+  NoSliceHook none;
+  mainloop_rows<TT, BM, kSplit>(smem, src, K, nbase0, rows, acc, none);
 }
 
 }  // namespace moekit::cuda::grouped

@@ -1,0 +1,62 @@
+// The e4m3 side of the mma.sync mainloop (fused_moe_sm90_grouped_mma.cuh) for 64-row M tiles, shared
+// by the per-row fp8 kernels (fused_moe_sm90_grouped_fp8.cu, fused_moe_sm90_grouped_fp8_row_bm64) and
+// the block-scaled ones (fused_moe_sm90_grouped_fp8_block.cu, fused_moe_sm90_grouped_fp8_block_bm64).
+// The loader, swizzled shared layout and ldmatrix addressing of the mainloop work on 16-bit
+// elements; two e4m3 codes make one (E4m3x2), so a 64-element K slice there is 128 codes (one
+// 128-wide scale block of the block variant). mma.sync m16n8k32 e4m3 takes its fragments in the
+// registers m16n8k16 bf16 does: A rows g and g+8 at bytes 4t..4t+3 and 16+4t..16+4t+3 of a 32-byte
+// K step, B the same along K, C the same (g = lane / 4, t = lane % 4), so only the instruction
+// differs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_utils.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
+
+namespace moekit::cuda::grouped {
+
+struct E4m3x2 {
+  uint16_t bits;
+};
+constexpr int kMmaBM = 64;
+using MmaTile = Tile<kMmaBM>;
+
+template <>
+struct MmaOp<E4m3x2> {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// The A rows of a 64-row M tile: expert-ordered rows row0.. of a codes buffer [Tk, K] (K codes).
+__device__ __forceinline__ void mma_a_rows(TileSources<E4m3x2, kMmaBM>& src, const uint8_t* q, int k_codes, int row0,
+                                           int row_end, int tid) {
+  src.a_base = reinterpret_cast<const E4m3x2*>(q);
+  src.a_ld = k_codes / 2;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsA; ++i) {
+    const int row = row0 + loader_row(tid, i);
+    src.a_row[i] = row < row_end ? row : -1;
+  }
+}
+
+// Launches a BM 64 kernel fn(args, a, b) with its dynamic shared memory (the 4-stage cp.async
+// pipeline).
+template <class Args>
+inline Status launch_mma(void (*fn)(Args, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
+                         const char* what, const Args& args, const uint8_t* a, const uint8_t* b) {
+  constexpr int kSmem = MmaTile::kSmemBytes;
+  MOEKIT_RETURN_IF_ERROR(
+      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), what));
+  fn<<<grid, kThreads, kSmem, s>>>(args, a, b);
+  return last_launch(what);
+}
+
+}  // namespace moekit::cuda::grouped
