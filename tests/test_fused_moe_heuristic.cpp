@@ -35,20 +35,34 @@ TEST(FusedMoeHeuristic, AnchorShapes) {
   EXPECT_EQ(pick(512, 8, 128), MoeStrategy::grouped_gemm);
 }
 
-MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy_fp8(T, k, E).strategy; }
+MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
+  return choose_moe_strategy_fp8(T, k, E, H).strategy;
+}
+MoeStrategy pick_block(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy_fp8_block(T, k, E).strategy; }
 
 TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
-  // T = 1: 2 (Mixtral) or 8 touched experts, one row each -> small_m (measured faster).
-  EXPECT_EQ(pick_fp8(1, 2, 8), MoeStrategy::small_m);
-  EXPECT_EQ(pick_fp8(1, 8, 256), MoeStrategy::small_m);
-  EXPECT_EQ(pick_fp8(1, 8, 128), MoeStrategy::small_m);
-  EXPECT_EQ(pick_fp8(4, 2, 8), MoeStrategy::small_m);  // 8 touched, 1 row each
+  // T = 1: small_m while the grouped down GEMM (touched x H / 256 CTAs) cannot fill 132 SMs:
+  // Mixtral (2 x 16) and Qwen3 (8 x 8) small_m, DeepSeek-V3 (8 x 28) grouped (all measured).
+  EXPECT_EQ(pick_fp8(1, 2, 8, 4096), MoeStrategy::small_m);
+  EXPECT_EQ(pick_fp8(1, 8, 128, 2048), MoeStrategy::small_m);
+  EXPECT_EQ(pick_fp8(1, 8, 256, 7168), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(4, 2, 8, 4096), MoeStrategy::small_m);    // 8 touched x 16 = 128 CTAs, 1 row each
+  EXPECT_EQ(pick_fp8(1, 1, 16, 5120), MoeStrategy::small_m);   // Llama-4 (k = 1): 1 x 20
+  EXPECT_EQ(pick_fp8(1, 8, 256, 4224), MoeStrategy::grouped_gemm);  // 8 x 17 = 136 >= 132
+  EXPECT_EQ(pick_fp8(1, 8, 256, 4096), MoeStrategy::small_m);       // 8 x 16 = 128
   // T = 8: 64 touched experts with one row each, or 2 rows each -> grouped (measured faster).
-  EXPECT_EQ(pick_fp8(8, 8, 256), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick_fp8(8, 8, 128), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick_fp8(8, 2, 8), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick_fp8(2, 8, 256), MoeStrategy::grouped_gemm);  // 16 touched
-  EXPECT_EQ(pick_fp8(4096, 8, 256), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(8, 8, 256, 7168), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(8, 8, 128, 2048), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(8, 2, 8, 4096), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(2, 8, 256, 7168), MoeStrategy::grouped_gemm);  // 16 touched
+  EXPECT_EQ(pick_fp8(4096, 8, 256, 7168), MoeStrategy::grouped_gemm);
+  // The block variant: small_m at T = 1 whatever H (measured: DeepSeek-V3 187 vs 190 us).
+  EXPECT_EQ(pick_block(1, 2, 8), MoeStrategy::small_m);
+  EXPECT_EQ(pick_block(1, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick_block(1, 8, 128), MoeStrategy::small_m);
+  EXPECT_EQ(pick_block(8, 8, 256), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_block(8, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_block(4096, 8, 256), MoeStrategy::grouped_gemm);
 }
 
 TEST(FusedMoeHeuristic, Fp8GroupedTileRows) {

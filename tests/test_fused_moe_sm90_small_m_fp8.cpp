@@ -152,7 +152,7 @@ TEST(FusedMoeSm90SmallMFp8, BlockRefusesPerRowScalesAndOddSizes) {
   moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
-// The auto kernel on both sides of choose_moe_strategy_fp8: T = 1 (small_m) and T = 200 (grouped).
+// The auto kernel on both sides of choose_moe_strategy_fp8_block: T = 1 (small_m) and T = 200 (grouped).
 TEST(FusedMoeSm90Fp8BlockAuto, MatchesTheReferenceOnBothStrategies) {
   const std::string why = moe_test::cuda_kernel_unavailable(kBlockAuto);
   if (!why.empty()) GTEST_SKIP() << why;

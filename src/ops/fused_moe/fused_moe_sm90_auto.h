@@ -1,6 +1,6 @@
 // The CUDA backend's default fused_moe kernels pick one of two strategies per problem:
 // fused_moe_sm90_small_m (decode) or a grouped GEMM kernel (prefill), as the pure heuristic
-// choose_moe_strategy() / choose_moe_strategy_fp8() (fused_moe_heuristic.h) say, falling back to the other one when the
+// choose_moe_strategy() / choose_moe_strategy_fp8() / choose_moe_strategy_fp8_block() (fused_moe_heuristic.h) say, falling back to the other one when the
 // preferred kernel refuses the problem. Shared by fused_moe_sm90_bf16.cpp (unquantized) and
 // fused_moe_sm90_fp8.cpp (fp8 per-tensor / per-row); both strategies stay registered under their own
 // names (lower priority) so tests, benchmarks and MOEKIT_FORCE_KERNEL can pick either.
@@ -27,12 +27,13 @@ struct MoeStrategyKernel {
 
 // The kernel to run for p: the heuristic's choice if it accepts p, else the other one if it does.
 // Returns nullptr (with *why) when neither accepts.
-using MoeStrategyRule = MoeStrategyChoice (*)(int64_t T, int64_t k, int64_t E);
+// The rule sees the tokens T, slots per token k, local experts E and the hidden size H.
+using MoeStrategyRule = MoeStrategyChoice (*)(int64_t T, int64_t k, int64_t E, int64_t H);
 
 inline const MoeStrategyKernel* pick_moe_strategy(const MoeStrategyKernel& small_m, const MoeStrategyKernel& grouped,
                                                   MoeStrategyRule rule, const FusedMoeParams& p, std::string* why) {
   const MoeDims d = moe_dims(p);
-  const MoeStrategyChoice c = rule(d.T, d.k, d.E);
+  const MoeStrategyChoice c = rule(d.T, d.k, d.E, d.H);
   const MoeStrategyKernel* first = c.strategy == MoeStrategy::small_m ? &small_m : &grouped;
   const MoeStrategyKernel* second = first == &small_m ? &grouped : &small_m;
   const Status s1 = first->supports(p);

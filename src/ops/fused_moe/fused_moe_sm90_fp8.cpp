@@ -2,8 +2,8 @@
 // per-tensor / per-row W8A8 variants (router weight on the output, or on the input with k == 1):
 // fused_moe_sm90_small_m_fp8_row for decode, fused_moe_sm90_grouped_fp8_row (QGMMA) for prefill,
 // chosen per problem by choose_moe_strategy_fp8() (fused_moe_heuristic.h).
-// fused_moe_sm90_fp8_block: the same choice for the 128 x 128 block variant between
-// fused_moe_sm90_small_m_fp8_block and fused_moe_sm90_grouped_fp8_block.
+// fused_moe_sm90_fp8_block: the choice of choose_moe_strategy_fp8_block for the 128 x 128 block
+// variant between fused_moe_sm90_small_m_fp8_block and fused_moe_sm90_grouped_fp8_block.
 // Test: tests/test_fused_moe_sm90_grouped_fp8.cpp, check_fused_moe (kernels).
 #include "cuda/cuda_kernels.h"
 #include "ops/fused_moe/fused_moe_sm90_auto.h"
@@ -28,7 +28,10 @@ constexpr MoeStrategyKernel kSmallMBlock = {fused_moe_small_m_fp8_block_supports
 constexpr MoeStrategyKernel kGroupedBlock = {fused_moe_sm90_grouped_fp8_block_supports,
                                              fused_moe_sm90_grouped_fp8_block_workspace_bytes,
                                              fused_moe_sm90_grouped_fp8_block_run, "fused_moe_sm90_grouped_fp8_block"};
-using AutoBlock = MoeAutoKernel<kSmallMBlock, kGroupedBlock, choose_moe_strategy_fp8>;
+MoeStrategyChoice block_rule(int64_t T, int64_t k, int64_t E, int64_t /*H*/) {
+  return choose_moe_strategy_fp8_block(T, k, E);
+}
+using AutoBlock = MoeAutoKernel<kSmallMBlock, kGroupedBlock, block_rule>;
 
 Status run_row(const FusedMoeParams& p, const RunContext& ctx) { return Auto::run("fused_moe_sm90_fp8_row", p, ctx); }
 Status run_tkw1(const FusedMoeParams& p, const RunContext& ctx) {
