@@ -303,13 +303,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // reference's block_row_dot, as the wgmma consumer above). A warp's columns lie in one 128-column
 // scale block (g1u0, gemm2: 32 columns; g1u1: 16 gate columns in block lo, the matching 16 up
 // columns in block hi), so one weight scale per half per slice.
-template <int NT>
+// kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
+template <int NT, bool kTwo>
 struct BlkPromote {
   static constexpr bool kActive = true;
   Acc<NT> sum;
   const float* a_scale;  // the lane's first row (row0 + lane / 4) of the [Tk, KT] activation scales
-  const float* lo;       // [KT] weight scales of the columns j < NT / 2
-  const float* hi;       // ... of the columns j >= NT / 2
+  const float* lo;       // [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
+  const float* hi;       // ... of the columns j >= NT / 2 (kTwo only)
   int KT;
   uint32_t valid;        // bit 2 mi + h: row mi * 16 + 8 h + lane / 4 of the tile is a real row
 
@@ -323,7 +324,7 @@ struct BlkPromote {
   }
   template <int MA>
   __device__ __forceinline__ void slice(int kt, Acc<NT>& acc) {
-    const float wl = lo[kt], wh = hi[kt];
+    const float wl = lo[kt], wh = kTwo ? hi[kt] : wl;
 #pragma unroll
     for (int mi = 0; mi < MA; ++mi) {
 #pragma unroll
@@ -343,10 +344,11 @@ struct BlkPromote {
 };
 
 // The promotion state of a 64-row tile at row0 with nrows real rows, weight scale rows lo / hi.
-__device__ __forceinline__ BlkPromote<MmaTile::kNT> blk_promote(const BlkArgs& p, int row0, int nrows, int KT,
-                                                                const float* lo, const float* hi) {
+template <bool kTwo>
+__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo> blk_promote(const BlkArgs& p, int row0, int nrows, int KT,
+                                                                      const float* lo, const float* hi) {
   const int lane = threadIdx.x & 31;
-  BlkPromote<MmaTile::kNT> pr;
+  BlkPromote<MmaTile::kNT, kTwo> pr;
   pr.init();
   pr.a_scale = p.a_scale + int64_t(row0 + (lane >> 2)) * KT;
   pr.lo = lo;
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   const int blo = min(ic, p.I - 1) / kBlk, bhi = G1U1 ? (p.I + min(ic, p.I - 1)) / kBlk : blo;
   const float* ws = p.w_scale + int64_t(e) * NB * KT;
-  BlkPromote<kNT> pr = blk_promote(p, row0, nrows, KT, ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT);
+  auto pr = blk_promote<G1U1>(p, row0, nrows, KT, ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT);
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
       smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr);
@@ -451,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kNT = MmaTile::kNT;
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   const float* wsr = p.w_scale + (int64_t(e) * NB + min(hc, p.H - 1) / kBlk) * KT;
-  BlkPromote<kNT> pr = blk_promote(p, row0, nrows, KT, wsr, wsr);
+  auto pr = blk_promote<false>(p, row0, nrows, KT, wsr, wsr);
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr);
 
