@@ -375,17 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, xq, p.H, row0, row_end, tid);
-  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w1) + int64_t(e) * n1 * k2;
-  const int r0 = loader_row(tid, 0);
-  src.b_run[0] = w + int64_t(i0 + r0) * k2;
-  src.b_run[1] = w + int64_t(G1U1 ? p.I + i0 + r0 : i0 + r0 + kBN / 2) * k2;
-  src.b_step = int64_t(kThreads / 8) * k2;
-  src.b_ok = 0;
-#pragma unroll
-  for (int i = 0; i < MmaTile::kLoadsB; ++i) {
-    const int m = G1U1 ? i % (MmaTile::kLoadsB / 2) : i;
-    src.b_ok |= uint32_t(32 * m < p.I - i0) << i;
-  }
+  mma_w1_rows<G1U1>(src, w1, e, p.H, p.I, i0, tid);
   constexpr int kGW = MmaTile::kWarpCols / 2;
   constexpr int kNT = MmaTile::kNT;
   // The warp's columns: g1u1 gate i0 + wn * 16 (block lo) and up I + i0 + wn * 16 (block hi);
@@ -442,14 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h0 = blockIdx.y * kBN, k2 = p.I / 2, KT = p.I / kBlk, NB = p.H / kBlk;
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, aq, p.I, row0, row_end, tid);
-  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w2) + int64_t(e) * p.H * k2;
-  const int r0 = loader_row(tid, 0);
-  src.b_run[0] = w + int64_t(h0 + r0) * k2;
-  src.b_run[1] = w + int64_t(h0 + r0 + kBN / 2) * k2;
-  src.b_step = int64_t(kThreads / 8) * k2;
-  src.b_ok = 0;
-#pragma unroll
-  for (int i = 0; i < MmaTile::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
+  mma_w2_rows(src, w2, e, p.H, p.I, h0, tid);
   constexpr int kNT = MmaTile::kNT;
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   const float* wsr = p.w_scale + (int64_t(e) * NB + min(hc, p.H - 1) / kBlk) * KT;

@@ -47,6 +47,41 @@ __device__ __forceinline__ void mma_a_rows(TileSources<E4m3x2, kMmaBM>& src, con
   }
 }
 
+// The B rows of gemm1's N tile at column i0 of expert e's w1 codes [E, N1, H] (N1 = 2I for g1u1,
+// I for g1u0): g1u1 gate rows i0.. and up rows I + i0.. (128 each), g1u0 rows i0..i0 + 255; a row
+// is valid below I (I % 128 == 0, so a thread's rows are all in or out per 32-row group).
+template <bool G1U1>
+__device__ __forceinline__ void mma_w1_rows(TileSources<E4m3x2, kMmaBM>& src, const uint8_t* w1, int e, int H, int I,
+                                            int i0, int tid) {
+  const int n1 = G1U1 ? 2 * I : I, k2 = H / 2;
+  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w1) + int64_t(e) * n1 * k2;
+  const int r0 = loader_row(tid, 0);
+  src.b_run[0] = w + int64_t(i0 + r0) * k2;
+  src.b_run[1] = w + int64_t(G1U1 ? I + i0 + r0 : i0 + r0 + kBN / 2) * k2;
+  src.b_step = int64_t(kThreads / 8) * k2;
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsB; ++i) {
+    const int m = G1U1 ? i % (MmaTile::kLoadsB / 2) : i;
+    src.b_ok |= uint32_t(32 * m < I - i0) << i;
+  }
+}
+
+// The B rows of gemm2's N tile at column h0 of expert e's w2 codes [E, H, I]: rows h0..h0 + 255,
+// valid below H.
+__device__ __forceinline__ void mma_w2_rows(TileSources<E4m3x2, kMmaBM>& src, const uint8_t* w2, int e, int H, int I,
+                                            int h0, int tid) {
+  const int k2 = I / 2;
+  const E4m3x2* w = reinterpret_cast<const E4m3x2*>(w2) + int64_t(e) * H * k2;
+  const int r0 = loader_row(tid, 0);
+  src.b_run[0] = w + int64_t(h0 + r0) * k2;
+  src.b_run[1] = w + int64_t(h0 + r0 + kBN / 2) * k2;
+  src.b_step = int64_t(kThreads / 8) * k2;
+  src.b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < MmaTile::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < H) << i;
+}
+
 // Launches a BM 64 kernel fn(args, a, b) with its dynamic shared memory (the 4-stage cp.async
 // pipeline).
 template <class Args>
