@@ -3,11 +3,13 @@
 # the binaries staged by scripts/gpu_build.sh in .gpu/. Writes summary.txt and gpu_run_logs.tgz
 # (logs, JSON and a CSV) to $OUT (default out/). Each step has its own time limit so a hang cannot eat the run.
 #   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest)
-#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block"
+#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block"   BENCH_BF16=0|1
+#   BENCH_MODELS="mixtral deepseek-v3 qwen3-moe"   BENCH_LIMIT=90 (seconds per bench run)
 # NOTE: one device call may run 10 minutes. The test binary alone took 4-7 min on the H200 (2026-11-29,
-# 509 tests, the machine partly busy), check ~1.5 min, sanitize up to 2 x 150 s, bench (bf16 + three
-# fp8 schemes) up to ~9 min, python (build + pytest) ~5 min: split them, e.g. STEPS="tests check",
-# then STEPS="sanitize python", then STEPS=bench.
+# 509 tests, the machine partly busy; 3.5 min on 2026-12-01 for 532), check ~1.5 min, sanitize up to
+# 2 x 150 s, python (build + pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
+# kernel run (DeepSeek-V3 the longest: its cuBLAS baseline plans 256 experts): split them, e.g.
+# STEPS="tests check", then STEPS="sanitize python", then STEPS=bench with BENCH_MODELS / FP8_SCHEMES.
 # The ep step (expert parallelism over NCCL) runs on machines with >= 2 GPUs and says so otherwise.
 set -u
 cd "$(dirname "$0")/.."
@@ -69,21 +71,26 @@ if has sanitize; then
 fi
 
 if has bench; then
-  # bf16: every CUDA kernel of the variant; fp8 (FP8_SCHEMES, default fp8_tensor; e.g.
-  # "fp8_tensor fp8_channel fp8_block"): the auto kernel fused_moe_sm90_fp8_row (small_m fp8 at large
-  # T takes seconds per call) beside the 64-row-tile kernel fused_moe_sm90_grouped_fp8_row_bm64,
-  # fp8_block: the auto kernel beside fused_moe_sm90_grouped_fp8_block and its 64-row-tile _bm64.
-  for m in mixtral deepseek-v3 qwen3-moe; do
-    timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-      --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
-    say "bench $m rc=$?"
-    for sc in ${FP8_SCHEMES:-fp8_tensor}; do
-      kern=fused_moe_sm90_fp8_row,fused_moe_sm90_grouped_fp8_row_bm64
-      [ "$sc" = fp8_block ] && kern=fused_moe_sm90_fp8_block,fused_moe_sm90_grouped_fp8_block,fused_moe_sm90_grouped_fp8_block_bm64
+  # bf16 (BENCH_BF16=1): every CUDA kernel of the variant in one run per model; fp8 (FP8_SCHEMES,
+  # default fp8_tensor; e.g. "fp8_tensor fp8_channel fp8_block"): one run per kernel, so a run cut
+  # by its time limit loses only its own rows: the auto kernel (fused_moe_sm90_fp8_row /
+  # fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row tiles (small_m fp8 at
+  # large T takes seconds per call and is left to the auto kernel). BENCH_MODELS picks the presets.
+  for m in ${BENCH_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
+    if [ "${BENCH_BF16:-1}" = 1 ]; then
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-        --scheme "$sc" --kernel $kern --iters ${BENCH_ITERS:-30} --json \
-        > "$L/bench_${m}_$sc.json" 2> "$L/bench_${m}_$sc.err"
-      say "bench $m $sc rc=$?"
+        --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
+      say "bench $m rc=$?"
+    fi
+    for sc in ${FP8_SCHEMES:-fp8_tensor}; do
+      kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64"
+      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64"
+      for k in $kerns; do
+        timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+          --scheme "$sc" --kernel $k --iters ${BENCH_ITERS:-30} --json \
+          > "$L/bench_${m}_${sc}_$k.json" 2> "$L/bench_${m}_${sc}_$k.err"
+        say "bench $m $sc $k rc=$?"
+      done
     done
   done
   python3 - "$L" <<'PY' | tee -a "$S"
@@ -96,7 +103,7 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
     except Exception as e:
         print(f"{f}: {e}")
 keys = ["model", "kernel", "scheme", "tokens", "time_us", "tflops", "gbps", "mem_floor_us",
-        "compute_floor_us", "frac_floor", "baseline_us", "vs_baseline", "status"]
+        "compute_floor_us", "frac_floor", "baseline_us", "vs_baseline", "kernel_chosen", "status"]
 with open(os.path.join(out, "bench.csv"), "w", newline="") as fh:
     w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
     w.writeheader()
