@@ -285,5 +285,18 @@ inline Status device_sm_count(int* sms, const char* what) {
   return check_cuda(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), what);
 }
 
+// The run entry of an fp8 grouped kernel: nothing for T = 0, the workspace checked against `need`
+// bytes, then typed(__nv_bfloat16{}) or typed(__half{}) by x's dtype (typed: a generic lambda that
+// calls the kernel's typed host runner).
+template <class Typed>
+Status run_fp8_entry(const FusedMoeParams& p, const RunContext& ctx, size_t need, const char* name, Typed typed) {
+  if (moe_dims(p).T == 0) return Status::Ok();
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < need) {
+    return InvalidArgument("workspace: ", name, " needs ", need, " device bytes, got ", ctx.workspace_bytes);
+  }
+  if (p.x.dtype == DType::bf16) return typed(__nv_bfloat16{});
+  return typed(__half{});
+}
+
 }  // namespace
 }  // namespace moekit::cuda::grouped

@@ -429,15 +429,8 @@ size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
 namespace {
 
 Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm) {
-  const MoeDims d = moe_dims(p);
-  if (d.T == 0) return Status::Ok();
-  const size_t need = grouped::fp8_layout_of(p, bm).total;
-  if (ctx.workspace == nullptr || ctx.workspace_bytes < need) {
-    return InvalidArgument("workspace: fused_moe_sm90_grouped_fp8 needs ", need, " device bytes, got ",
-                           ctx.workspace_bytes);
-  }
-  if (p.x.dtype == DType::bf16) return grouped::run_fp8_typed<__nv_bfloat16>(p, ctx, bm);
-  return grouped::run_fp8_typed<__half>(p, ctx, bm);
+  return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8",
+                                [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, ctx, bm); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM).total; }
