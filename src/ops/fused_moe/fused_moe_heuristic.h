@@ -88,8 +88,8 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 }
 
 // Within the grouped strategy of the fp8 W8A8 variants, the kernel's M tile rows for T*k = tk routed
-// entries over E experts: 64 (mma.sync m16n8k32 tiles) while the
-// rows per touched expert, tk / min(tk, E), are at most kGroupedFp8Bm64MaxRows, else 128 (QGMMA).
+// entries over E experts: 64 (mma.sync m16n8k32 tiles) while the rows per touched expert,
+// tk / min(tk, E), are at most kGroupedFp8Bm64MaxRows, else 128 (QGMMA).
 // NOTE: measured on the H200 (docs/PERF.md, 2026-12-01, fp8 per-tensor, CUDA-graph replay, L2
 // flushed): 2 rows per expert, Mixtral T=8: 377 us with 64-row tiles vs 471 with 128; 1 row, Qwen3
 // T=8: 114 vs 117; 4 rows, Qwen3 T=64: 208 vs 210 (a tie); 16 rows, Mixtral T=64: 417 vs 401; 8

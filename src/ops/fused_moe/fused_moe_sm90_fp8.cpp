@@ -45,7 +45,8 @@ Status run_block(const FusedMoeParams& p, const RunContext& ctx) {
 
 void register_fused_moe_sm90_fp8(Registry& r) {
   r.add({"fused_moe_sm90_fp8_row", OpKind::fused_moe, MoeVariant::fp8_row, Backend::cuda,
-         "x bf16|f16, w e4m3fn per-tensor|per-row scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()",
+         "x bf16|f16, w e4m3fn per-tensor|per-row scales; small_m or grouped GEMM (64- or 128-row tiles) by "
+         "choose_moe_strategy_fp8()",
          110, erase_supports<FusedMoeParams, Auto::supports>, erase_workspace<FusedMoeParams, Auto::workspace>,
          erase_run<FusedMoeParams, run_row>});
   r.add({"fused_moe_sm90_fp8_row_tkw1", OpKind::fused_moe, MoeVariant::fp8_row_tkw1, Backend::cuda,
@@ -53,7 +54,8 @@ void register_fused_moe_sm90_fp8(Registry& r) {
          erase_supports<FusedMoeParams, Auto::supports>, erase_workspace<FusedMoeParams, Auto::workspace>,
          erase_run<FusedMoeParams, run_tkw1>});
   r.add({"fused_moe_sm90_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy()", 110,
+         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy_fp8_block()",
+         110,
          erase_supports<FusedMoeParams, AutoBlock::supports>, erase_workspace<FusedMoeParams, AutoBlock::workspace>,
          erase_run<FusedMoeParams, run_block>});
 }

@@ -458,10 +458,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------- host side
+// Step 4 between the gemms: a (gemm1's f32 output) re-quantized per (row, 128-group) into the
+// workspace's aq codes and sa scales.
+Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, unsigned char* base,
+                      cudaStream_t s, const char* what) {
+  const MoeDims d = moe_dims(p);
+  quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(g1.out, d.I, nullptr, 1, g1.offsets, int(d.E),
+                                                                  int(d.I), base + l.aq,
+                                                                  reinterpret_cast<float*>(base + l.sa));
+  return last_launch(what);
+}
+
 // The BM 128 gemms and the quantization of a between them: persistent TMA + wgmma kernels (one CTA
 // per SM at most).
 Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
-                   unsigned char* base, float* sa, cudaStream_t s) {
+                   unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   CUtensorMap ma1, mb1, ma2, mb2;
   constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -483,16 +494,14 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
                                           "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
-  quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(g1.out, d.I, nullptr, 1, g1.offsets, int(d.E),
-                                                                  int(d.I), base + l.aq, sa);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block quant a"));
+  MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
   return launch_ws_kernel(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), s, "fused_moe_sm90_grouped_fp8_block gemm2",
                           ma2, mb2, g2, n_tiles2);
 }
 
 // The BM 64 gemms (mma.sync, grid (tiles_max, N tiles)) and the quantization of a between them.
 Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
-                   unsigned char* base, float* sa, cudaStream_t s) {
+                   unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   const unsigned n_tiles1 = unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)), n_tiles2 = unsigned(ceil_div(d.H, kBN));
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
@@ -501,9 +510,7 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
                                     static_cast<const uint8_t*>(p.w1.data)));
-  quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(g1.out, d.I, nullptr, 1, g1.offsets, int(d.E),
-                                                                  int(d.I), base + l.aq, sa);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
+  MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
   return launch_mma(gemm2_blk_mma_kernel, dim3(unsigned(l.tiles_max), n_tiles2), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
                     static_cast<const uint8_t*>(p.w2.data));
@@ -534,8 +541,7 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
-  MOEKIT_RETURN_IF_ERROR(bm == kMmaBM ? run_blk_mma(p, l, g1, g2, base, fat(l.sa), s)
-                                      : run_blk_tma(p, l, g1, g2, base, fat(l.sa), s));
+  MOEKIT_RETURN_IF_ERROR(bm == kMmaBM ? run_blk_mma(p, l, g1, g2, base, s) : run_blk_tma(p, l, g1, g2, base, s));
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};
