@@ -38,7 +38,6 @@ TEST(FusedMoeHeuristic, AnchorShapes) {
 MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
   return choose_moe_strategy_fp8(T, k, E, H).strategy;
 }
-MoeStrategy pick_block(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy_fp8_block(T, k, E).strategy; }
 
 TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
   // T = 1: small_m while the grouped down GEMM (touched x H / 256 CTAs) cannot fill 132 SMs:
@@ -56,13 +55,9 @@ TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
   EXPECT_EQ(pick_fp8(8, 2, 8, 4096), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick_fp8(2, 8, 256, 7168), MoeStrategy::grouped_gemm);  // 16 touched
   EXPECT_EQ(pick_fp8(4096, 8, 256, 7168), MoeStrategy::grouped_gemm);
-  // The block variant: small_m at T = 1 whatever H (measured: DeepSeek-V3 187 vs 190 us).
-  EXPECT_EQ(pick_block(1, 2, 8), MoeStrategy::small_m);
-  EXPECT_EQ(pick_block(1, 8, 256), MoeStrategy::small_m);
-  EXPECT_EQ(pick_block(1, 8, 128), MoeStrategy::small_m);
-  EXPECT_EQ(pick_block(8, 8, 256), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick_block(8, 2, 8), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick_block(4096, 8, 256), MoeStrategy::grouped_gemm);
+  // Past 8 touched experts the grouped GEMM whatever H (Qwen3 T = 2: 16 touched x 8 = 128 CTAs).
+  EXPECT_EQ(pick_fp8(2, 8, 128, 2048), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick_fp8(0, 8, 256, 7168), MoeStrategy::small_m);  // T = 0: nothing to stream
 }
 
 TEST(FusedMoeHeuristic, Fp8GroupedTileRows) {
@@ -77,6 +72,26 @@ TEST(FusedMoeHeuristic, Fp8GroupedTileRows) {
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(17, 8), 128);  // 2.125 rows
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(4096 * 8, 256), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(0, 8), 128);  // no entries
+}
+
+TEST(FusedMoeHeuristic, Fp8BlockGroupedTileRows) {
+  // 64-row tiles up to 16 rows per touched expert: Mixtral T = 8 / 64 (2 / 16 rows), DeepSeek-V3
+  // T = 8 / 64 / 512 (1 / 2 / 16), Qwen3 T = 64 (4).
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 2, 8), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(64 * 2, 8), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 8, 256), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(64 * 8, 256), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(512 * 8, 256), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(64 * 8, 128), 64);
+  // 128-row tiles above: 32 rows (Mixtral T = 128, Qwen3 T = 512, DeepSeek-V3 T = 1024), every T = 4096.
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(65 * 2, 8), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(128 * 2, 8), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(512 * 8, 128), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(1024 * 8, 256), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 256), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8), 128);  // no entries
+  EXPECT_DOUBLE_EQ(rows_per_touched_expert(17, 8), 2.125);
+  EXPECT_DOUBLE_EQ(rows_per_touched_expert(0, 8), 0.0);
 }
 
 TEST(FusedMoeHeuristic, NamesAndReasons) {

@@ -45,46 +45,36 @@ inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
   return {MoeStrategy::grouped_gemm, rows, "> 1.5 rows per touched expert: tensor-core grouped GEMM"};
 }
 
-// The choice for the fp8 128 x 128 block variant (fp8_block): small_m only while at most
-// kSmallMFp8MaxTouched experts are touched with <= 1.5 rows each, else the QGMMA grouped GEMM.
+// The choice for the fp8 variants (fp8_row, fp8_row_tkw1, fp8_block; hidden size H): small_m
+// only while at most kSmallMFp8MaxTouched experts are touched with <= 1.5 rows each AND the grouped
+// kernel's down GEMM, touched * ceil(H / 256) tiles of 64 rows x 256 columns (one CTA each), cannot
+// fill the GPU's kFp8GroupedMinDownCtas SMs; else the grouped GEMM.
 // NOTE: measured on the H200 (docs/PERF.md, 2026-11-29, full-size presets, fp8 per-row, CUDA-graph
-// replay, L2 flushed): at T = 1 (2 or 8 touched experts) small_m wins (Mixtral 165 vs 172 us,
-// DeepSeek-V3 163 vs 195, Qwen3 38 vs 60); at T = 8 the grouped kernel wins even with one row per
-// expert (DeepSeek-V3, 64 touched: 916 vs 1302 us; Qwen3, 64 touched: 163 vs 197; Mixtral, 2 rows:
-// 522 vs 1218): small_m's fp8 dots decode every weight on CUDA cores, which costs more than the
-// grouped kernel's fixed launches once more than a few experts are streamed. The block kernels
-// agree at T = 1 (2026-12-01: DeepSeek-V3 small_m 187 vs grouped 190 us, Qwen3 40.5 vs 41.2).
+// replay, L2 flushed): at T = 8 the grouped kernel wins even with one row per expert (DeepSeek-V3,
+// 64 touched: 916 vs 1302 us; Qwen3, 64 touched: 163 vs 197; Mixtral, 2 rows: 522 vs 1218):
+// small_m's fp8 dots decode every weight on CUDA cores, which costs more than the grouped kernel's
+// fixed launches once more than a few experts are streamed.
+// At T = 1 (2026-12-01, one row on each touched expert), fp8 per-tensor: Mixtral (2 touched x 16
+// tiles = 32) small_m 160 us vs 64-row grouped 189; Qwen3 (8 x 8 = 64) 38.2 vs 42.1; DeepSeek-V3
+// (8 x 28 = 224) 160 vs 134 (128-row grouped 152); fp8 block: Mixtral small_m 178 vs 64-row
+// grouped 235, DeepSeek-V3 186 vs 146. small_m streams the weights at ~2.2 TB/s whatever the shape,
+// while the grouped kernels stream them faster once their grids cover the SMs. 132 = the H200's
+// SM count.
 constexpr int64_t kSmallMFp8MaxTouched = 8;
-
-inline MoeStrategyChoice choose_moe_strategy_fp8_block(int64_t T, int64_t k, int64_t E) {
-  const int64_t entries = T * k;
-  const int64_t touched = entries < E ? entries : E;
-  const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
-  if (rows <= kSmallMMaxRowsPerExpert && touched <= kSmallMFp8MaxTouched) {
-    return {MoeStrategy::small_m, rows, "fp8: <= 8 touched experts with <= 1.5 rows each: small_m"};
-  }
-  return {MoeStrategy::grouped_gemm, rows, "fp8: more touched experts or rows: QGMMA grouped GEMM"};
-}
-
-// The fp8 W8A8 variants (fp8_row, fp8_row_tkw1; hidden size H): as the block rule, and small_m
-// only while the grouped kernel's down GEMM, touched * ceil(H / 256) tiles of 64 rows x 256
-// columns (one CTA each), cannot fill the GPU's kFp8GroupedMinDownCtas SMs.
-// NOTE: measured on the H200 (docs/PERF.md, 2026-12-01, fp8 per-tensor, T = 1, one row on each
-// touched expert): Mixtral (2 touched x 16 tiles = 32) small_m 160 us vs 64-row grouped 189;
-// Qwen3 (8 x 8 = 64) 38.2 vs 42.1; DeepSeek-V3 (8 x 28 = 224) 160 vs 134 (128-row grouped 152):
-// small_m streams the weights at ~2.2 TB/s whatever the shape, while the grouped kernels stream
-// them faster once their grids cover the SMs. 132 = the H200's SM count.
 constexpr int64_t kFp8GroupedMinDownCtas = 132;
 
 inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
-  const MoeStrategyChoice c = choose_moe_strategy_fp8_block(T, k, E);
-  if (c.strategy != MoeStrategy::small_m) return c;
-  const int64_t entries = T * k, touched = entries < E ? entries : E;
+  const int64_t entries = T * k;
+  const int64_t touched = entries < E ? entries : E;
+  const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
+  if (rows > kSmallMMaxRowsPerExpert || touched > kSmallMFp8MaxTouched) {
+    return {MoeStrategy::grouped_gemm, rows, "fp8: more than 8 touched experts or 1.5 rows each: grouped GEMM"};
+  }
   if (touched * ((H + 255) / 256) >= kFp8GroupedMinDownCtas) {
-    return {MoeStrategy::grouped_gemm, c.rows_per_expert,
+    return {MoeStrategy::grouped_gemm, rows,
             "fp8: few rows, but the grouped down GEMM fills the SMs (touched x H / 256 >= 132)"};
   }
-  return c;
+  return {MoeStrategy::small_m, rows, "fp8: <= 8 touched experts with <= 1.5 rows each, down GEMM < 132 CTAs: small_m"};
 }
 
 // Within the grouped strategy of the fp8 W8A8 variants, the kernel's M tile rows for T*k = tk routed
@@ -96,8 +86,24 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 // rows, Qwen3 T=512: 333 vs 264. The 64-row tiles waste less padding but run on mma.sync, which
 // loses to QGMMA once an expert has more than a few rows.
 constexpr double kGroupedFp8Bm64MaxRows = 2.0;
+constexpr double rows_per_touched_expert(int64_t tk, int64_t E) {
+  return tk > 0 ? double(tk) / double(tk < E ? tk : (E > 0 ? E : 1)) : 0.0;
+}
 constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E) {
-  return tk > 0 && double(tk) / double(tk < E ? tk : (E > 0 ? E : 1)) <= kGroupedFp8Bm64MaxRows ? 64 : 128;
+  return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8Bm64MaxRows ? 64 : 128;
+}
+
+// The same for the 128 x 128 block variant (fp8_block): 64 while the rows per touched expert are at
+// most kGroupedFp8BlockBm64MaxRows, else 128. Its 128-row QGMMA kernel waits on every K slice's
+// promotion, so the 64-row tiles (mma.sync, promoted from shared-memory scales) win up to more rows
+// per expert than for the per-row variant.
+// NOTE: measured on the H200 (docs/PERF.md, 2026-12-01, CUDA-graph replay, L2 flushed), 64 vs
+// 128-row tiles: 2 rows, Mixtral T=8: 402 vs 743 us; 16 rows, Mixtral T=64: 459 vs 570,
+// DeepSeek-V3 T=512: 3273 vs 3671; 32 rows, Mixtral T=128: 684 vs 439, Qwen3 T=512: 344 vs 251,
+// DeepSeek-V3 T=1024: 4760 vs 3798; 128 rows, Mixtral T=512: 1832 vs 580.
+constexpr double kGroupedFp8BlockBm64MaxRows = 16.0;
+constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E) {
+  return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8BlockBm64MaxRows ? 64 : 128;
 }
 
 }  // namespace moekit

@@ -2,8 +2,9 @@
 // per-tensor / per-row W8A8 variants (router weight on the output, or on the input with k == 1):
 // fused_moe_sm90_small_m_fp8_row for decode, fused_moe_sm90_grouped_fp8_row (QGMMA) for prefill,
 // chosen per problem by choose_moe_strategy_fp8() (fused_moe_heuristic.h).
-// fused_moe_sm90_fp8_block: the choice of choose_moe_strategy_fp8_block for the 128 x 128 block
-// variant between fused_moe_sm90_small_m_fp8_block and fused_moe_sm90_grouped_fp8_block.
+// fused_moe_sm90_fp8_block: the same choice for the 128 x 128 block variant between
+// fused_moe_sm90_small_m_fp8_block and fused_moe_sm90_grouped_fp8_block (64- or 128-row tiles by
+// fused_moe_sm90_grouped_fp8_block_tile_m).
 // Test: tests/test_fused_moe_sm90_grouped_fp8.cpp, check_fused_moe (kernels).
 #include "cuda/cuda_kernels.h"
 #include "ops/fused_moe/fused_moe_sm90_auto.h"
@@ -25,13 +26,11 @@ using Auto = MoeAutoKernel<kSmallM, kGrouped, choose_moe_strategy_fp8>;
 
 constexpr MoeStrategyKernel kSmallMBlock = {fused_moe_small_m_fp8_block_supports, fused_moe_small_m_fp8_workspace_bytes,
                                             fused_moe_small_m_fp8_block_run, "fused_moe_sm90_small_m_fp8_block"};
-constexpr MoeStrategyKernel kGroupedBlock = {fused_moe_sm90_grouped_fp8_block_supports,
-                                             fused_moe_sm90_grouped_fp8_block_workspace_bytes,
-                                             fused_moe_sm90_grouped_fp8_block_run, "fused_moe_sm90_grouped_fp8_block"};
-MoeStrategyChoice block_rule(int64_t T, int64_t k, int64_t E, int64_t /*H*/) {
-  return choose_moe_strategy_fp8_block(T, k, E);
-}
-using AutoBlock = MoeAutoKernel<kSmallMBlock, kGroupedBlock, block_rule>;
+constexpr MoeStrategyKernel kGroupedBlock = {
+    fused_moe_sm90_grouped_fp8_block_supports, fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes,
+    fused_moe_sm90_grouped_fp8_block_tiled_run,
+    "fused_moe_sm90_grouped_fp8_block"};  // tiles: fused_moe_sm90_grouped_fp8_block_tile_m
+using AutoBlock = MoeAutoKernel<kSmallMBlock, kGroupedBlock, choose_moe_strategy_fp8>;
 
 Status run_row(const FusedMoeParams& p, const RunContext& ctx) { return Auto::run("fused_moe_sm90_fp8_row", p, ctx); }
 Status run_tkw1(const FusedMoeParams& p, const RunContext& ctx) {
@@ -54,7 +53,8 @@ void register_fused_moe_sm90_fp8(Registry& r) {
          erase_supports<FusedMoeParams, Auto::supports>, erase_workspace<FusedMoeParams, Auto::workspace>,
          erase_run<FusedMoeParams, run_tkw1>});
   r.add({"fused_moe_sm90_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or QGMMA grouped GEMM by choose_moe_strategy_fp8_block()",
+         "x bf16|f16, w e4m3fn 128x128 block scales; small_m or grouped GEMM (64- or 128-row tiles) by "
+         "choose_moe_strategy_fp8()",
          110,
          erase_supports<FusedMoeParams, AutoBlock::supports>, erase_workspace<FusedMoeParams, AutoBlock::workspace>,
          erase_run<FusedMoeParams, run_block>});

@@ -16,14 +16,16 @@
 //   6. reduce     out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // fused_moe_sm90_grouped_fp8_block_bm64 routes into 64-row M tiles and runs gemm1 / gemm2 on the
 // cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels, promoting per K slice
-// through the mainloop's slice hook (BlkPromote): for experts with one or two rows, where a 128-row
-// QGMMA tile is almost all padding.
+// through the mainloop's slice hook (BlkPromote) from scales staged in shared memory: for experts
+// with up to 16 rows, where a 128-row QGMMA tile is mostly padding (fused_moe_sm90_fp8_block picks
+// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m).
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
 // ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes). BM 64 (ptxas, nvcc 13.0): 255
-// registers, gemm1 g1u1 no spills, gemm2 32 bytes, gemm1 g1u0 208-256 bytes of spill stores (64
-// partial + 64 promoted accumulators and double-buffered fragments per thread).
+// registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
+// (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
+// 160 KiB of stages + (64 + 2) * K / 128 floats of scales.
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
 
@@ -42,6 +44,7 @@
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
@@ -303,16 +306,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // reference's block_row_dot, as the wgmma consumer above). A warp's columns lie in one 128-column
 // scale block (g1u0, gemm2: 32 columns; g1u1: 16 gate columns in block lo, the matching 16 up
 // columns in block hi), so one weight scale per half per slice.
+// The scales it reads are staged in shared memory behind the mainloop's stages before the K loop
+// (stage_blk_scales): the tile's activation scales [KT][64] (row fastest, 0 past the tile's real
+// rows, so padding rows need no mask) and two rows of KT weight scales.
+// NOTE: read from global memory inside the hook (2026-12-01), each slice's promotion waited on
+// loads that all 8 warps issue at the same point after the slice barrier: DeepSeek-V3 T=8 (ncu,
+// base clocks) gemm1 646 us / gemm2 328 us against 537 / 262 for the per-row BM 64 kernels, same
+// DRAM bytes.
 // kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
 template <int NT, bool kTwo>
 struct BlkPromote {
   static constexpr bool kActive = true;
   Acc<NT> sum;
-  const float* a_scale;  // the lane's first row (row0 + lane / 4) of the [Tk, KT] activation scales
-  const float* lo;       // [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
-  const float* hi;       // ... of the columns j >= NT / 2 (kTwo only)
-  int KT;
-  uint32_t valid;        // bit 2 mi + h: row mi * 16 + 8 h + lane / 4 of the tile is a real row
+  const float* sa;  // shared: activation scales [KT][64], offset by this lane's row lane / 4
+  const float* lo;  // shared: [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
+  const float* hi;  // shared: ... of the columns j >= NT / 2 (kTwo only)
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -329,7 +337,7 @@ struct BlkPromote {
     for (int mi = 0; mi < MA; ++mi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float s = (valid >> (2 * mi + h)) & 1u ? a_scale[int64_t(mi * 16 + 8 * h) * KT + kt] : 0.0f;
+        const float s = sa[kt * kMmaBM + mi * 16 + 8 * h];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const float f = s * (j < NT / 2 ? wl : wh);
@@ -343,20 +351,32 @@ struct BlkPromote {
   }
 };
 
-// The promotion state of a 64-row tile at row0 with nrows real rows, weight scale rows lo / hi.
+// Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices, and whether
+// they fit one CTA's shared memory beside the stages (KT <= 260: K <= 33280).
+constexpr size_t blk_mma_scale_bytes(int64_t KT) { return size_t((kMmaBM + 2) * KT) * sizeof(float); }
+constexpr size_t kBlkMmaMaxSmem = 227 * 1024;
+inline bool blk_mma_fits(int64_t KT) { return MmaTile::kSmemBytes + blk_mma_scale_bytes(KT) <= kBlkMmaMaxSmem; }
+
+// Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
+// activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then the KT weight scales of
+// w0 and of w1. Every thread of the CTA takes part; the mainloop's first barrier publishes them.
+__device__ __forceinline__ void stage_blk_scales(float* s, const float* a_scale, int row0, int nrows, int KT,
+                                                 const float* w0, const float* w1) {
+  for (int i = threadIdx.x; i < kMmaBM * KT; i += kThreads) {
+    const int r = i / KT, kt = i - r * KT;  // kt fastest: coalesced reads of a_scale's rows
+    s[kt * kMmaBM + r] = r < nrows ? a_scale[int64_t(row0 + r) * KT + kt] : 0.0f;
+  }
+  for (int i = threadIdx.x; i < 2 * KT; i += kThreads) s[kMmaBM * KT + i] = i < KT ? w0[i] : w1[i - KT];
+}
+
+// The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of the staged pair.
 template <bool kTwo>
-__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo> blk_promote(const BlkArgs& p, int row0, int nrows, int KT,
-                                                                      const float* lo, const float* hi) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo> blk_promote(const float* s, int KT, int lo, int hi) {
   BlkPromote<MmaTile::kNT, kTwo> pr;
   pr.init();
-  pr.a_scale = p.a_scale + int64_t(row0 + (lane >> 2)) * KT;
-  pr.lo = lo;
-  pr.hi = hi;
-  pr.KT = KT;
-  pr.valid = 0;
-#pragma unroll
-  for (int b = 0; b < 8; ++b) pr.valid |= uint32_t((b >> 1) * 16 + 8 * (b & 1) + (lane >> 2) < nrows) << b;
+  pr.sa = s + ((threadIdx.x & 31) >> 2);
+  pr.lo = s + kMmaBM * KT + lo * KT;
+  pr.hi = s + kMmaBM * KT + hi * KT;
   return pr;
 }
 
@@ -381,10 +401,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The warp's columns: g1u1 gate i0 + wn * 16 (block lo) and up I + i0 + wn * 16 (block hi);
   // g1u0 i0 + wn * 32, one block. Past I (g1u0 with I % 256 != 0): the block index is clamped (the
   // sums are not stored).
+  // The CTA's weight scale rows: g1u1 the gate block of i0 and its up block; g1u0 the blocks of
+  // i0 and i0 + 128 (clamped below NB).
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
-  const int blo = min(ic, p.I - 1) / kBlk, bhi = G1U1 ? (p.I + min(ic, p.I - 1)) / kBlk : blo;
+  const int b0 = i0 / kBlk, b1 = G1U1 ? (p.I + i0) / kBlk : min(b0 + 1, NB - 1);
   const float* ws = p.w_scale + int64_t(e) * NB * KT;
-  auto pr = blk_promote<G1U1>(p, row0, nrows, KT, ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT);
+  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
+  const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
+  auto pr = blk_promote<G1U1>(scales, KT, wlo, G1U1 ? 1 : wlo);
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
       smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr);
@@ -435,8 +460,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   mma_w2_rows(src, w2, e, p.H, p.I, h0, tid);
   constexpr int kNT = MmaTile::kNT;
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
-  const float* wsr = p.w_scale + (int64_t(e) * NB + min(hc, p.H - 1) / kBlk) * KT;
-  auto pr = blk_promote<false>(p, row0, nrows, KT, wsr, wsr);
+  const float* ws = p.w_scale + (int64_t(e) * NB) * KT;
+  const int b0 = h0 / kBlk, b1 = min(b0 + 1, NB - 1);  // the CTA's two 128-column blocks (clamped below NB)
+  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
+  const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
+  auto pr = blk_promote<false>(scales, KT, wlo, wlo);
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr);
 
@@ -509,11 +538,11 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   });
   MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
-                                    static_cast<const uint8_t*>(p.w1.data)));
+                                    static_cast<const uint8_t*>(p.w1.data), blk_mma_scale_bytes(d.H / kBlk)));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
   return launch_mma(gemm2_blk_mma_kernel, dim3(unsigned(l.tiles_max), n_tiles2), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
-                    static_cast<const uint8_t*>(p.w2.data));
+                    static_cast<const uint8_t*>(p.w2.data), blk_mma_scale_bytes(d.I / kBlk));
 }
 
 template <class TT>
@@ -577,10 +606,38 @@ Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm) {
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
 Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM); }
 
+// Whether the 64-row tiles take p: their scales for K / 128 slices sit in shared memory beside the
+// stages (K = H for gemm1, I for gemm2).
+bool bm64_fits(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  return grouped::blk_mma_fits(std::max(d.H, d.I) / grouped::kBlk);
+}
+Status supports_bm64(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
+  if (!bm64_fits(p)) {
+    const MoeDims d = moe_dims(p);
+    return Unsupported("H, I: the 64-row tiles stage max(H, I) / 128 <= 260 scale slices in shared memory, got H = ",
+                       d.H, ", I = ", d.I);
+  }
+  return Status::Ok();
+}
+
+int tiled_bm(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  return fused_moe_sm90_grouped_fp8_block_tile_m(d.T * d.k, d.E) == 64 && bm64_fits(p) ? grouped::kMmaBM : 128;
+}
+
 }  // namespace
 
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx) {
   return run_blk_bm(p, ctx, 128);
+}
+
+size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p) {
+  return grouped::blk_layout_of(p, tiled_bm(p)).total;
+}
+Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_blk_bm(p, ctx, tiled_bm(p));
 }
 
 void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
@@ -590,13 +647,12 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_supports>,
          erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_workspace_bytes>,
          erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_run>});
-  // NOTE: priority 90 and not yet in fused_moe_sm90_fp8_block's choice: compiled only (2026-12-01);
-  // once its tests have passed on an H200 and its speed against the 128-row tiles is measured, the
-  // auto kernel takes it by fused_moe_sm90_grouped_fp8_tile_m like the per-row variant.
+  // The 64-row tiles alone (priority 90: fused_moe_sm90_fp8_block picks them by
+  // fused_moe_sm90_grouped_fp8_block_tile_m); for benches and tests that want them at any T.
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
          "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64-row tiles on mma.sync "
          "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
-         90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_supports>,
+         90, erase_supports<FusedMoeParams, supports_bm64>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
 }
 

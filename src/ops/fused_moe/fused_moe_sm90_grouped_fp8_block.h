@@ -18,6 +18,12 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 // Runs the kernel (p validated and supported, ctx.workspace on the device).
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
 
+// The kernel with its M tile rows chosen by fused_moe_sm90_grouped_fp8_block_tile_m
+// (fused_moe_heuristic.h): 64 (mma.sync, when max(H, I) <= 33280) or 128 (QGMMA); what
+// fused_moe_sm90_fp8_block runs for its grouped strategy.
+size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p);
+Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx);
+
 // Adds the registry rows fused_moe_sm90_grouped_fp8_block (128-row tiles, priority 100) and
 // fused_moe_sm90_grouped_fp8_block_bm64 (64-row tiles, priority 90), variant fp8_block.
 void register_fused_moe_sm90_grouped_fp8_block(Registry& r);

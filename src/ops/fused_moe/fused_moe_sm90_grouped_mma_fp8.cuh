@@ -82,15 +82,16 @@ __device__ __forceinline__ void mma_w2_rows(TileSources<E4m3x2, kMmaBM>& src, co
   for (int i = 0; i < MmaTile::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < H) << i;
 }
 
-// Launches a BM 64 kernel fn(args, a, b) with its dynamic shared memory (the 4-stage cp.async
-// pipeline).
+// Launches a BM 64 kernel fn(args, a, b) with its dynamic shared memory: the 4-stage cp.async
+// pipeline and extra_smem bytes behind it (the block kernels' staged scales).
 template <class Args>
 inline Status launch_mma(void (*fn)(Args, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
-                         const char* what, const Args& args, const uint8_t* a, const uint8_t* b) {
-  constexpr int kSmem = MmaTile::kSmemBytes;
+                         const char* what, const Args& args, const uint8_t* a, const uint8_t* b,
+                         size_t extra_smem = 0) {
+  const int smem = int(MmaTile::kSmemBytes + extra_smem);
   MOEKIT_RETURN_IF_ERROR(
-      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), what));
-  fn<<<grid, kThreads, kSmem, s>>>(args, a, b);
+      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what));
+  fn<<<grid, kThreads, smem, s>>>(args, a, b);
   return last_launch(what);
 }
 
