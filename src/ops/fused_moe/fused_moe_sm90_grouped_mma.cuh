@@ -66,9 +66,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16-byte global -> shared copy; zero-fills the destination when !valid (reads nothing then).
+// NOTE: .L2::256B lets the L2 fetch the 256-byte sector pair around each copy: the next stage's 128
+// bytes of the same weight row (a K slice is 128 bytes of a row) come from L2, not a second DRAM
+// burst. Measured on the H200 (2026-12-01, BM 64 fp8 kernels, DeepSeek-V3): block T=64 2498 ->
+// 2429 us, T=8 753 -> 739; per-row T=64 2398 -> 2330.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
