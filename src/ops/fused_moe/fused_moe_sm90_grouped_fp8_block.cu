@@ -25,7 +25,7 @@
 // ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
-// 160 KiB of stages + (64 + 2) * K / 128 floats of scales.
+// 200 KiB of stages (5) + (64 + 2) * K / 128 floats of scales.
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
 
@@ -352,10 +352,10 @@ struct BlkPromote {
 };
 
 // Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices, and whether
-// they fit one CTA's shared memory beside the stages (KT <= 260: K <= 33280).
+// they fit one CTA's shared memory beside the stages (KT <= 104: K <= 13312).
 constexpr size_t blk_mma_scale_bytes(int64_t KT) { return size_t((kMmaBM + 2) * KT) * sizeof(float); }
 constexpr size_t kBlkMmaMaxSmem = 227 * 1024;
-inline bool blk_mma_fits(int64_t KT) { return MmaTile::kSmemBytes + blk_mma_scale_bytes(KT) <= kBlkMmaMaxSmem; }
+inline bool blk_mma_fits(int64_t KT) { return kMmaSmemBytes + blk_mma_scale_bytes(KT) <= kBlkMmaMaxSmem; }
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
 // activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then the KT weight scales of
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   const int b0 = i0 / kBlk, b1 = G1U1 ? (p.I + i0) / kBlk : min(b0 + 1, NB - 1);
   const float* ws = p.w_scale + int64_t(e) * NB * KT;
-  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
   stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
   const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
   auto pr = blk_promote<G1U1>(scales, KT, wlo, G1U1 ? 1 : wlo);
@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   const float* ws = p.w_scale + (int64_t(e) * NB) * KT;
   const int b0 = h0 / kBlk, b1 = min(b0 + 1, NB - 1);  // the CTA's two 128-column blocks (clamped below NB)
-  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
   stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
   const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
   auto pr = blk_promote<false>(scales, KT, wlo, wlo);
@@ -616,7 +616,7 @@ Status supports_bm64(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
   if (!bm64_fits(p)) {
     const MoeDims d = moe_dims(p);
-    return Unsupported("H, I: the 64-row tiles stage max(H, I) / 128 <= 260 scale slices in shared memory, got H = ",
+    return Unsupported("H, I: the 64-row tiles stage max(H, I) / 128 <= 104 scale slices in shared memory, got H = ",
                        d.H, ", I = ", d.I);
   }
   return Status::Ok();

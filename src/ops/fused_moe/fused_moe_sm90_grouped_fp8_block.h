@@ -19,7 +19,7 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
 
 // The kernel with its M tile rows chosen by fused_moe_sm90_grouped_fp8_block_tile_m
-// (fused_moe_heuristic.h): 64 (mma.sync, when max(H, I) <= 33280) or 128 (QGMMA); what
+// (fused_moe_heuristic.h): 64 (mma.sync, when max(H, I) <= 13312) or 128 (QGMMA); what
 // fused_moe_sm90_fp8_block runs for its grouped strategy.
 size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p);
 Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx);
