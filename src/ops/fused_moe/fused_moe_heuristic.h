@@ -26,6 +26,13 @@ struct MoeStrategyChoice {
   const char* reason;
 };
 
+// Experts touched by tk = T*k routed entries over E experts under uniform routing, min(tk, E), and
+// the average rows each gets (0 when none is touched).
+constexpr int64_t touched_experts(int64_t tk, int64_t E) { return tk < E ? tk : E; }
+constexpr double rows_per_touched_expert(int64_t tk, int64_t E) {
+  return touched_experts(tk, E) > 0 ? double(tk) / double(touched_experts(tk, E)) : 0.0;
+}
+
 // NOTE: the threshold, measured on the H200 (docs/PERF.md, 2026-11-29, full-size presets, bf16,
 // CUDA-graph replay, L2 flushed) with the BM 64 / BM 128 x 256 grouped GEMM: at 1 row per touched
 // expert small_m wins (DeepSeek-V3 T=8: 1177 vs 1264 us; Qwen3 T=8: 148 vs 159 us; every T=1), at 2
@@ -36,9 +43,7 @@ struct MoeStrategyChoice {
 constexpr double kSmallMMaxRowsPerExpert = 1.5;
 
 inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
-  const int64_t entries = T * k;
-  const int64_t touched = entries < E ? entries : E;
-  const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
+  const double rows = rows_per_touched_expert(T * k, E);
   if (rows <= kSmallMMaxRowsPerExpert) {
     return {MoeStrategy::small_m, rows, "<= 1.5 rows per touched expert: memory-bound, stream weights once"};
   }
@@ -64,9 +69,8 @@ constexpr int64_t kSmallMFp8MaxTouched = 8;
 constexpr int64_t kFp8GroupedMinDownCtas = 132;
 
 inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
-  const int64_t entries = T * k;
-  const int64_t touched = entries < E ? entries : E;
-  const double rows = touched > 0 ? double(entries) / double(touched) : 0.0;
+  const int64_t touched = touched_experts(T * k, E);
+  const double rows = rows_per_touched_expert(T * k, E);
   if (rows > kSmallMMaxRowsPerExpert || touched > kSmallMFp8MaxTouched) {
     return {MoeStrategy::grouped_gemm, rows, "fp8: more than 8 touched experts or 1.5 rows each: grouped GEMM"};
   }
@@ -86,9 +90,6 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 // rows, Qwen3 T=512: 333 vs 264. The 64-row tiles waste less padding but run on mma.sync, which
 // loses to QGMMA once an expert has more than a few rows.
 constexpr double kGroupedFp8Bm64MaxRows = 2.0;
-constexpr double rows_per_touched_expert(int64_t tk, int64_t E) {
-  return tk > 0 ? double(tk) / double(tk < E ? tk : (E > 0 ? E : 1)) : 0.0;
-}
 constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E) {
   return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8Bm64MaxRows ? 64 : 128;
 }
