@@ -106,6 +106,21 @@ inline void expect_refuses(const Kernel& k, const MoeShape& s) {
   EXPECT_FALSE(k.supports(&p).ok()) << k.name << " accepted " << scheme_name(s.scheme) << " H=" << s.H << " I=" << s.I;
 }
 
+// Kernel k's supports() on device copies of the random problem of shape s says `accepted` (a
+// refusal then is about the shape, not about host tensors). Needs a CUDA device.
+inline void expect_device_supports(const Kernel& k, const MoeShape& s, bool accepted) {
+  MoeProblem prob = make(s);
+  FusedMoeParams p = prob.params();
+  DeviceMirror dev(Backend::cuda);
+  for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.expert_mask, &p.expert_map,
+                        &p.w1_scale, &p.w2_scale, &p.a1_scale}) {
+    ASSERT_TRUE(dev.input(t).ok());
+  }
+  ASSERT_TRUE(dev.output(&p.out).ok());
+  const Status st = k.supports(&p);
+  EXPECT_EQ(st.ok(), accepted) << k.name << " H=" << s.H << " I=" << s.I << ": " << st.to_string();
+}
+
 // The CUDA check request of the fp8 kernel tests: scheme sc on the cuda backend, the harness edge
 // cases plus `tokens` (model empty), or a preset model's shape at `tokens` without edge cases.
 inline CheckRequest fp8_cuda_request(Scheme sc, std::vector<int64_t> tokens, bool weight_on_input = false,

@@ -4,7 +4,8 @@
 // around the warpgroup cut, g1u0 with gelu and an expert map, the router weight on the input, rows
 // of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
-// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook).
+// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64TwoNSubTiles runs
+// fused_moe_sm90_grouped_fp8_block_bm64_n2 (two N tiles per CTA in one pipeline) on shapes it takes.
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@ using moe_test::small_shape;
 
 constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
+constexpr const char* kBlock64N2 = "fused_moe_sm90_grouped_fp8_block_bm64_n2";
 
 #define SKIP_WITHOUT_KERNEL()                                            \
   do {                                                                   \
@@ -109,6 +111,37 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64RowCountsPerExpert) {
   MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 256, 384));
   moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
   expect_matches_ref(widths);
+}
+
+// Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N
+// tiles of 128 gate + 128 up) with the three mainloop widths and a tail tile, the router weight on
+// the input, g1u0 gelu with I = 512 and an expert map, rows of zeros and large values; supports()
+// on device tensors refuses H % 512 != 0 and g1u1 I % 256 != 0 that the one-tile kernel takes.
+TEST(FusedMoeSm90GroupedFp8Block, Bm64TwoNSubTiles) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 512, 256));
+  moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
+  moe_test::expect_fp8_cuda_matches_ref(widths, kBlock64N2, kBlock64N2);
+  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 1024, 512);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  moe_test::expect_fp8_cuda_matches_ref(tkw1, kBlock64N2, kBlock64N2);
+  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 512, 512);
+  moe_test::expect_fp8_cuda_matches_ref(g1u0, kBlock64N2, kBlock64N2);
+  MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 512, 256));
+  moe_test::set_zero_and_large_rows(&zl);
+  moe_test::expect_fp8_cuda_matches_ref(zl, kBlock64N2, kBlock64N2);
+
+  const Kernel* n2 = registry().find(kBlock64N2);
+  const Kernel* one = registry().find(kBlock64);
+  ASSERT_NE(n2, nullptr);
+  ASSERT_NE(one, nullptr);
+  moe_test::expect_device_supports(*n2, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 256), true);
+  for (const MoeShape& s : {small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256),    // H % 512 != 0
+                            small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384)}) {  // g1u1 I % 256 != 0
+    moe_test::expect_device_supports(*n2, s, false);
+    moe_test::expect_device_supports(*one, s, true);
+  }
 }
 
 }  // namespace

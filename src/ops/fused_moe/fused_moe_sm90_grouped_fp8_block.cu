@@ -18,12 +18,16 @@
 // cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels, promoting per K slice
 // through the mainloop's slice hook (BlkPromote) from scales staged in shared memory: for experts
 // with up to 16 rows, where a 128-row QGMMA tile is mostly padding (fused_moe_sm90_fp8_block picks
-// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m).
+// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m). fused_moe_sm90_grouped_fp8_block_bm64_n2
+// (compiled only so far) runs two N tiles per CTA in one pipeline (mainloop Hook::kSubs = 2): the
+// second tile's first stages load while the first one's epilogue runs, and each CTA's pipeline fill
+// is paid once per two output tiles.
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
 // ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
+// (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
 // 200 KiB of stages (5) + (64 + 2) * K / 128 floats of scales.
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
@@ -314,13 +318,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // base clocks) gemm1 646 us / gemm2 328 us against 537 / 262 for the per-row BM 64 kernels, same
 // DRAM bytes.
 // kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
-template <int NT, bool kTwo>
+// kSubs: N sub-tiles per CTA (mainloop Hook::kSubs); sub-tile 1's weight scale rows follow sub-tile
+// 0's two (lo / hi + 2 KT), and its slices are counted on from KT.
+template <int NT, bool kTwo, int kSubs_ = 1>
 struct BlkPromote {
   static constexpr bool kActive = true;
+  static constexpr int kSubs = kSubs_;
   Acc<NT> sum;
   const float* sa;  // shared: activation scales [KT][64], offset by this lane's row lane / 4
   const float* lo;  // shared: [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
   const float* hi;  // shared: ... of the columns j >= NT / 2 (kTwo only)
+  int KT;           // K slices per sub-tile (read when kSubs > 1)
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -332,7 +340,16 @@ struct BlkPromote {
   }
   template <int MA>
   __device__ __forceinline__ void slice(int kt, Acc<NT>& acc) {
-    const float wl = lo[kt], wh = kTwo ? hi[kt] : wl;
+    const float* l = lo;
+    const float* hh = hi;
+    if constexpr (kSubs > 1) {
+      if (kt >= KT) {
+        kt -= KT;
+        l += 2 * KT;
+        hh += 2 * KT;
+      }
+    }
+    const float wl = l[kt], wh = kTwo ? hh[kt] : wl;
 #pragma unroll
     for (int mi = 0; mi < MA; ++mi) {
 #pragma unroll
@@ -351,38 +368,55 @@ struct BlkPromote {
   }
 };
 
-// Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices, and whether
-// they fit one CTA's shared memory beside the stages (KT <= 104: K <= 13312).
-constexpr size_t blk_mma_scale_bytes(int64_t KT) { return size_t((kMmaBM + 2) * KT) * sizeof(float); }
+// Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices and kSubs
+// N sub-tiles (two weight scale rows each), and whether they fit one CTA's shared memory beside the
+// stages (kSubs 1: KT <= 104, K <= 13312; kSubs 2: KT <= 101).
+constexpr size_t blk_mma_scale_bytes(int64_t KT, int kSubs = 1) {
+  return size_t((kMmaBM + 2 * kSubs) * KT) * sizeof(float);
+}
 constexpr size_t kBlkMmaMaxSmem = 227 * 1024;
-inline bool blk_mma_fits(int64_t KT) { return kMmaSmemBytes + blk_mma_scale_bytes(KT) <= kBlkMmaMaxSmem; }
+inline bool blk_mma_fits(int64_t KT, int kSubs = 1) {
+  return kMmaSmemBytes + blk_mma_scale_bytes(KT, kSubs) <= kBlkMmaMaxSmem;
+}
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
-// activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then the KT weight scales of
-// w0 and of w1. Every thread of the CTA takes part; the mainloop's first barrier publishes them.
+// activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then kRows rows of KT
+// weight scales, row r from w[r]. Every thread of the CTA takes part; the mainloop's first barrier
+// publishes them.
+template <int kRows>
 __device__ __forceinline__ void stage_blk_scales(float* s, const float* a_scale, int row0, int nrows, int KT,
-                                                 const float* w0, const float* w1) {
+                                                 const float* const (&w)[kRows]) {
   for (int i = threadIdx.x; i < kMmaBM * KT; i += kThreads) {
     const int r = i / KT, kt = i - r * KT;  // kt fastest: coalesced reads of a_scale's rows
     s[kt * kMmaBM + r] = r < nrows ? a_scale[int64_t(row0 + r) * KT + kt] : 0.0f;
   }
-  for (int i = threadIdx.x; i < 2 * KT; i += kThreads) s[kMmaBM * KT + i] = i < KT ? w0[i] : w1[i - KT];
+  if constexpr (kRows == 2) {
+    for (int i = threadIdx.x; i < 2 * KT; i += kThreads) s[kMmaBM * KT + i] = i < KT ? w[0][i] : w[1][i - KT];
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      for (int i = threadIdx.x; i < KT; i += kThreads) s[(kMmaBM + r) * KT + i] = w[r][i];
+    }
+  }
 }
 
-// The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of the staged pair.
-template <bool kTwo>
-__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo> blk_promote(const float* s, int KT, int lo, int hi) {
-  BlkPromote<MmaTile::kNT, kTwo> pr;
+// The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of sub-tile 0's
+// staged pair.
+template <bool kTwo, int kSubs>
+__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kSubs> blk_promote(const float* s, int KT, int lo, int hi) {
+  BlkPromote<MmaTile::kNT, kTwo, kSubs> pr;
   pr.init();
   pr.sa = s + ((threadIdx.x & 31) >> 2);
   pr.lo = s + kMmaBM * KT + lo * KT;
   pr.hi = s + kMmaBM * KT + hi * KT;
+  pr.KT = KT;
   return pr;
 }
 
-// gemm1 on BM 64 tiles, grid (tiles_max, N tiles) as gemm1_fp8_mma_kernel: N tile = 128 gate + 128 up
-// columns (g1u1) or 256 (g1u0); a = act(w g) * (w u) (or act(w g)) in f32 from the promoted sums.
-template <bool G1U1, Activation A>
+// gemm1 on BM 64 tiles, grid (tiles_max, N tiles / kSubs) as gemm1_fp8_mma_kernel: N tile = 128 gate +
+// 128 up columns (g1u1) or 256 (g1u0), kSubs of them one after the other (kSubs 2: every N tile
+// full, the host checks); a = act(w g) * (w u) (or act(w g)) in f32 from the promoted sums.
+template <bool G1U1, Activation A, int kSubs>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm1_blk_mma_kernel(BlkArgs p, const uint8_t* xq, const uint8_t* w1) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -392,60 +426,75 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1], nrows = row_end - row0;
   const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;
   const int n1 = G1U1 ? 2 * p.I : p.I, k2 = p.H / 2, KT = p.H / kBlk, NB = n1 / kBlk;
-  const int i0 = blockIdx.y * (G1U1 ? kBN / 2 : kBN);
+  constexpr int kTileN = G1U1 ? kBN / 2 : kBN;  // columns of I per N (sub-)tile
+  const int i0 = blockIdx.y * kSubs * kTileN;
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, xq, p.H, row0, row_end, tid);
   mma_w1_rows<G1U1>(src, w1, e, p.H, p.I, i0, tid);
+  src.b_sub = int64_t(kTileN) * k2;
   constexpr int kGW = MmaTile::kWarpCols / 2;
   constexpr int kNT = MmaTile::kNT;
-  // The warp's columns: g1u1 gate i0 + wn * 16 (block lo) and up I + i0 + wn * 16 (block hi);
-  // g1u0 i0 + wn * 32, one block. Past I (g1u0 with I % 256 != 0): the block index is clamped (the
-  // sums are not stored).
-  // The CTA's weight scale rows: g1u1 the gate block of i0 and its up block; g1u0 the blocks of
-  // i0 and i0 + 128 (clamped below NB).
+  // The CTA's weight scale rows per sub-tile j (columns i0 + j * kTileN): g1u1 the gate block and
+  // its up block; g1u0 the blocks of the tile's two 128-column halves (clamped below NB).
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
-  const int b0 = i0 / kBlk, b1 = G1U1 ? (p.I + i0) / kBlk : min(b0 + 1, NB - 1);
   const float* ws = p.w_scale + int64_t(e) * NB * KT;
+  const float* wrows[2 * kSubs];
+#pragma unroll
+  for (int j = 0; j < kSubs; ++j) {
+    const int b0 = (i0 + j * kTileN) / kBlk, b1 = G1U1 ? (p.I + i0 + j * kTileN) / kBlk : min(b0 + 1, NB - 1);
+    wrows[2 * j] = ws + int64_t(b0) * KT;
+    wrows[2 * j + 1] = ws + int64_t(b1) * KT;
+  }
   float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
-  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
+  stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<G1U1>(scales, KT, wlo, G1U1 ? 1 : wlo);
-  Acc<kNT> acc;
-  mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
-      smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr);
+  auto pr = blk_promote<G1U1, kSubs>(scales, KT, wlo, G1U1 ? 1 : wlo);
 
-  // The warp's columns lie in one 32-aligned block and I % 128 == 0: all valid or all past I.
-  if (ic >= p.I) return;
-  const int c0 = ic + 2 * (lane & 3);
+  // The epilogue of sub-tile j from the promoted sums. The warp's columns lie in one 32-aligned
+  // block and I % 128 == 0: all valid or all past I.
+  auto epilogue = [&](int j) {
+    const int icj = ic + j * kTileN;
+    if (icj >= p.I) return;
+    const int c0 = icj + 2 * (lane & 3);
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+    for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = mi * 16 + (lane >> 2) + 8 * h;
-      if (rl >= nrows) continue;
-      const int row = row0 + rl;
-      const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-      float* orow = p.out + int64_t(row) * p.I;
-      if constexpr (G1U1) {
+      for (int h = 0; h < 2; ++h) {
+        const int rl = mi * 16 + (lane >> 2) + 8 * h;
+        if (rl >= nrows) continue;
+        const int row = row0 + rl;
+        const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+        float* orow = p.out + int64_t(row) * p.I;
+        if constexpr (G1U1) {
 #pragma unroll
-        for (int j = 0; j < kNT / 2; ++j) {
-          const float* g = &pr.sum.v[mi][j][2 * h];
-          const float* u = &pr.sum.v[mi][j + kNT / 2][2 * h];
-          *reinterpret_cast<float2*>(orow + c0 + 8 * j) =
-              make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
-        }
-      } else {
+          for (int jj = 0; jj < kNT / 2; ++jj) {
+            const float* g = &pr.sum.v[mi][jj][2 * h];
+            const float* u = &pr.sum.v[mi][jj + kNT / 2][2 * h];
+            *reinterpret_cast<float2*>(orow + c0 + 8 * jj) =
+                make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
+          }
+        } else {
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const float* g = &pr.sum.v[mi][j][2 * h];
-          *reinterpret_cast<float2*>(orow + c0 + 8 * j) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
+          for (int jj = 0; jj < kNT; ++jj) {
+            const float* g = &pr.sum.v[mi][jj][2 * h];
+            *reinterpret_cast<float2*>(orow + c0 + 8 * jj) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
+          }
         }
       }
     }
-  }
+  };
+  Acc<kNT> acc;
+  mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
+      smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr, [&](int j) {
+        epilogue(j);
+        pr.init();
+      });
+  epilogue(kSubs - 1);
 }
 
-// gemm2 on BM 64 tiles, grid (tiles_max, H / 256): A = aq rows, B = w2 codes; y = the promoted sums.
+// gemm2 on BM 64 tiles, grid (tiles_max, H / 256 / kSubs): A = aq rows, B = w2 codes, kSubs N tiles
+// of 256 columns one after the other (kSubs 2: H % 512 == 0, the host checks); y = the promoted sums.
+template <int kSubs>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm2_blk_mma_kernel(BlkArgs p, const uint8_t* aq, const uint8_t* w2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -454,36 +503,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1], nrows = row_end - row0;
   const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;
-  const int h0 = blockIdx.y * kBN, k2 = p.I / 2, KT = p.I / kBlk, NB = p.H / kBlk;
+  const int h0 = blockIdx.y * kSubs * kBN, k2 = p.I / 2, KT = p.I / kBlk, NB = p.H / kBlk;
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, aq, p.I, row0, row_end, tid);
   mma_w2_rows(src, w2, e, p.H, p.I, h0, tid);
+  src.b_sub = int64_t(kBN) * k2;
   constexpr int kNT = MmaTile::kNT;
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   const float* ws = p.w_scale + (int64_t(e) * NB) * KT;
-  const int b0 = h0 / kBlk, b1 = min(b0 + 1, NB - 1);  // the CTA's two 128-column blocks (clamped below NB)
+  const float* wrows[2 * kSubs];  // per sub-tile j: its two 128-column blocks (clamped below NB)
+#pragma unroll
+  for (int j = 0; j < kSubs; ++j) {
+    const int b0 = (h0 + j * kBN) / kBlk;
+    wrows[2 * j] = ws + int64_t(b0) * KT;
+    wrows[2 * j + 1] = ws + int64_t(min(b0 + 1, NB - 1)) * KT;
+  }
   float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
-  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, ws + int64_t(b0) * KT, ws + int64_t(b1) * KT);
+  stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<false>(scales, KT, wlo, wlo);
-  Acc<kNT> acc;
-  mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr);
+  auto pr = blk_promote<false, kSubs>(scales, KT, wlo, wlo);
 
-  if (hc >= p.H) return;
-  const int c0 = hc + 2 * (lane & 3);
+  auto epilogue = [&](int j) {
+    const int hcj = hc + j * kBN;
+    if (hcj >= p.H) return;
+    const int c0 = hcj + 2 * (lane & 3);
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+    for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = mi * 16 + (lane >> 2) + 8 * h;
-      if (rl >= nrows) continue;
-      float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
+      for (int h = 0; h < 2; ++h) {
+        const int rl = mi * 16 + (lane >> 2) + 8 * h;
+        if (rl >= nrows) continue;
+        float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(pr.sum.v[mi][j][2 * h], pr.sum.v[mi][j][2 * h + 1]);
+        for (int jj = 0; jj < kNT; ++jj) {
+          *reinterpret_cast<float2*>(yrow + 8 * jj) =
+              make_float2(pr.sum.v[mi][jj][2 * h], pr.sum.v[mi][jj][2 * h + 1]);
+        }
       }
     }
-  }
+  };
+  Acc<kNT> acc;
+  mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr,
+                                                   [&](int j) {
+                                                     epilogue(j);
+                                                     pr.init();
+                                                   });
+  epilogue(kSubs - 1);
 }
 
 // ---------------------------------------------------------------- host side
@@ -528,25 +593,36 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                           ma2, mb2, g2, n_tiles2);
 }
 
-// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles)) and the quantization of a between them.
+// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs)) and the quantization of a between
+// them.
+template <int kSubs>
 Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   const unsigned n_tiles1 = unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)), n_tiles2 = unsigned(ceil_div(d.H, kBN));
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value>;
+    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1), s,
+  MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1 / kSubs), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
-                                    static_cast<const uint8_t*>(p.w1.data), blk_mma_scale_bytes(d.H / kBlk)));
+                                    static_cast<const uint8_t*>(p.w1.data), blk_mma_scale_bytes(d.H / kBlk, kSubs)));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
-  return launch_mma(gemm2_blk_mma_kernel, dim3(unsigned(l.tiles_max), n_tiles2), s,
+  return launch_mma(gemm2_blk_mma_kernel<kSubs>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
-                    static_cast<const uint8_t*>(p.w2.data), blk_mma_scale_bytes(d.I / kBlk));
+                    static_cast<const uint8_t*>(p.w2.data), blk_mma_scale_bytes(d.I / kBlk, kSubs));
 }
 
+// Whether the BM 64 gemms can take two N sub-tiles per CTA: every N tile full and their count even
+// (gemm1: I % 256 == 0 for g1u1, I % 512 == 0 for g1u0; gemm2: H % 512 == 0), and the scales of
+// two sub-tiles fit beside the stages.
+inline bool blk_mma_two_subs_ok(const MoeDims& d) {
+  return (d.g1u1 ? d.I % 256 == 0 : d.I % 512 == 0) && d.H % 512 == 0 &&
+         blk_mma_fits(std::max(d.H, d.I) / kBlk, 2);
+}
+
+// subs: N sub-tiles per CTA of the BM 64 gemms (1, or 2 when blk_mma_two_subs_ok).
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs) {
   const MoeDims d = moe_dims(p);
   const Fp8Workspace l = blk_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
@@ -570,7 +646,9 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
-  MOEKIT_RETURN_IF_ERROR(bm == kMmaBM ? run_blk_mma(p, l, g1, g2, base, s) : run_blk_tma(p, l, g1, g2, base, s));
+  MOEKIT_RETURN_IF_ERROR(bm != kMmaBM   ? run_blk_tma(p, l, g1, g2, base, s)
+                         : subs == 2 ? run_blk_mma<2>(p, l, g1, g2, base, s)
+                                     : run_blk_mma<1>(p, l, g1, g2, base, s));
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};
@@ -598,9 +676,9 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 
 namespace {
 
-Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm) {
+Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1) {
   return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm); });
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
@@ -621,6 +699,18 @@ Status supports_bm64(const FusedMoeParams& p) {
   }
   return Status::Ok();
 }
+
+// Two N sub-tiles per CTA (fused_moe_sm90_grouped_fp8_block_bm64_n2): compiled, not yet run on a GPU.
+Status supports_bm64_n2(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(supports_bm64(p));
+  const MoeDims d = moe_dims(p);
+  if (!grouped::blk_mma_two_subs_ok(d)) {
+    return Unsupported("H, I: two N sub-tiles per CTA need full N tiles in even numbers (H % 512 == 0, I % ",
+                       d.g1u1 ? 256 : 512, " == 0) and max(H, I) / 128 <= 101, got H = ", d.H, ", I = ", d.I);
+  }
+  return Status::Ok();
+}
+Status run_bm64_n2(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM, 2); }
 
 int tiled_bm(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
@@ -654,6 +744,13 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
          90, erase_supports<FusedMoeParams, supports_bm64>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
+  // NOTE: priority 80, in no auto kernel: compiled only (2026-12-01). Once its tests pass on an
+  // H200 and it is timed against ..._bm64 (one N tile per CTA), the tile rule may take it.
+  r.add({"fused_moe_sm90_grouped_fp8_block_bm64_n2", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "as fused_moe_sm90_grouped_fp8_block_bm64, two N tiles per CTA in one cp.async pipeline (the second "
+         "one's loads cover the first one's epilogue); H % 512 == 0",
+         80, erase_supports<FusedMoeParams, supports_bm64_n2>,
+         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_n2>});
 }
 
 }  // namespace moekit::cuda
