@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fused_moe_fp8_test_util.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
 #include "fused_moe_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
@@ -111,6 +112,14 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64RowCountsPerExpert) {
   MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 256, 384));
   moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
   expect_matches_ref(widths);
+}
+
+// The 64-row tiles' shared-memory limit on K = max(H, I) takes every preset (Mixtral I = 14336,
+// Llama-4 I = 8192, DeepSeek-V3 H = 7168) with one or two N tiles per CTA; host arithmetic only.
+TEST(FusedMoeSm90GroupedFp8Block, Bm64SharedMemoryTakesThePresets) {
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1), 33152);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(2), 32256);
+  for (int subs : {1, 2}) EXPECT_GE(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(subs), 14336);
 }
 
 // Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N

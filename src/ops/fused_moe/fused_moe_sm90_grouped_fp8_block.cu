@@ -29,7 +29,7 @@
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
-// 200 KiB of stages (5) + (64 + 2) * K / 128 floats of scales.
+// 160 KiB of stages + (64 + 2 subs) * K / 128 floats of scales (fused_moe_sm90_grouped_fp8_block_bm64_fits).
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
 
@@ -370,13 +370,14 @@ struct BlkPromote {
 
 // Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices and kSubs
 // N sub-tiles (two weight scale rows each), and whether they fit one CTA's shared memory beside the
-// stages (kSubs 1: KT <= 104, K <= 13312; kSubs 2: KT <= 101).
+// stages (fused_moe_sm90_grouped_fp8_block_bm64_max_k, the header).
 constexpr size_t blk_mma_scale_bytes(int64_t KT, int kSubs = 1) {
   return size_t((kMmaBM + 2 * kSubs) * KT) * sizeof(float);
 }
-constexpr size_t kBlkMmaMaxSmem = 227 * 1024;
+static_assert(kFp8BlockBm64StageBytes == MmaTile::kSmemBytes, "the header's copy of the stage bytes");
 inline bool blk_mma_fits(int64_t KT, int kSubs = 1) {
-  return kMmaSmemBytes + blk_mma_scale_bytes(KT, kSubs) <= kBlkMmaMaxSmem;
+  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs) &&
+         MmaTile::kSmemBytes + blk_mma_scale_bytes(KT, kSubs) <= size_t(kFp8BlockBm64MaxSmem);
 }
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wrows[2 * j] = ws + int64_t(b0) * KT;
     wrows[2 * j + 1] = ws + int64_t(b1) * KT;
   }
-  float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
   stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
   auto pr = blk_promote<G1U1, kSubs>(scales, KT, wlo, G1U1 ? 1 : wlo);
@@ -518,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wrows[2 * j] = ws + int64_t(b0) * KT;
     wrows[2 * j + 1] = ws + int64_t(min(b0 + 1, NB - 1)) * KT;
   }
-  float* scales = reinterpret_cast<float*>(smem_raw + kMmaSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
   stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
   auto pr = blk_promote<false, kSubs>(scales, KT, wlo, wlo);
@@ -694,8 +695,8 @@ Status supports_bm64(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
   if (!bm64_fits(p)) {
     const MoeDims d = moe_dims(p);
-    return Unsupported("H, I: the 64-row tiles stage max(H, I) / 128 <= 104 scale slices in shared memory, got H = ",
-                       d.H, ", I = ", d.I);
+    return Unsupported("H, I: the 64-row tiles stage K / 128 scales in shared memory, max(H, I) <= ",
+                       fused_moe_sm90_grouped_fp8_block_bm64_max_k(1), ", got H = ", d.H, ", I = ", d.I);
   }
   return Status::Ok();
 }
@@ -706,7 +707,8 @@ Status supports_bm64_n2(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   if (!grouped::blk_mma_two_subs_ok(d)) {
     return Unsupported("H, I: two N sub-tiles per CTA need full N tiles in even numbers (H % 512 == 0, I % ",
-                       d.g1u1 ? 256 : 512, " == 0) and max(H, I) / 128 <= 101, got H = ", d.H, ", I = ", d.I);
+                       d.g1u1 ? 256 : 512, " == 0) and max(H, I) <= ", fused_moe_sm90_grouped_fp8_block_bm64_max_k(2),
+                       ", got H = ", d.H, ", I = ", d.I);
   }
   return Status::Ok();
 }

@@ -37,16 +37,9 @@ namespace moekit::cuda::grouped {
 
 constexpr int kBN = 256;      // columns of an output tile (B rows)
 constexpr int kBK = 64;       // K slice per pipeline stage
-constexpr int kStages = 4;    // cp.async pipeline depth (e4m3 BM 64 tiles: MainloopStages)
+constexpr int kStages = 4;    // cp.async pipeline depth
 constexpr int kThreads = 256; // 8 warps
 constexpr int kWarpRows = 64; // rows of C per warp (4 m16 tiles)
-
-// The mainloop's cp.async pipeline depth for element type TT and tile rows BM: kStages, but 5 for
-// the e4m3 BM 64 tiles (fused_moe_sm90_grouped_mma_fp8.cuh specializes it).
-template <class TT, int BM>
-struct MainloopStages {
-  static constexpr int value = kStages;
-};
 
 // Compile-time facts of a BM x 256 tile (BM = 64 or 128).
 template <int BM>
@@ -61,7 +54,7 @@ struct Tile {
   static constexpr int kLoadsA = BM * (kBK / 8) / kThreads;   // 16-byte chunks of A per thread
   static constexpr int kLoadsB = kBN * (kBK / 8) / kThreads;  // ... of B: 8
   static constexpr int kStageElems = (BM + kBN) * kBK;
-  static constexpr int kSmemBytes = kStages * kStageElems * 2;  // 160 KiB (64) / 192 KiB (128) at kStages
+  static constexpr int kSmemBytes = kStages * kStageElems * 2;  // 160 KiB (64) / 192 KiB (128)
   static_assert(kLoadsA * kThreads == BM * kBK / 8, "whole A tile per stage");
   static_assert(kLoadsB * kThreads == kBN * kBK / 8, "whole B tile per stage");
   static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
@@ -229,8 +222,7 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
     for (int j = 0; j < NT; ++j) MmaOp<TT>::run(acc.v[mi][j], f.a[mi], f.b[j][0], f.b[j][1]);
 }
 
-// acc = A . B^T over K (K % 64 == 0). `smem` holds MainloopStages<TT, BM>::value stages of
-// Tile<BM>::kStageElems elements (Tile<BM>::kSmemBytes at kStages); the warp's B 16-column
+// acc = A . B^T over K (K % 64 == 0). `smem` holds Tile<BM>::kSmemBytes; the warp's B 16-column
 // groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)) (kSplit = 8 NG for
 // consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups, then the matching up groups). Ends
 // with every cp.async drained and a barrier, so the caller may reuse shared memory.
@@ -278,8 +270,6 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
       load_stage<TT, BM>(stage, src, (second ? g - KT : g) * kBK, tid, second ? src.b_sub : 0);
     }
   };
-  constexpr int kStages = MainloopStages<TT, BM>::value;
-  static_assert(kStages * Tl::kStageElems * 2 <= 227 * 1024, "the stages fit one CTA's shared memory");
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KTT) load(s0 + s * kStageBytes, s);

@@ -24,15 +24,6 @@ struct E4m3x2 {
 constexpr int kMmaBM = 64;
 using MmaTile = Tile<kMmaBM>;
 
-// 5 cp.async stages for the e4m3 BM 64 tiles (200 KiB): one more K slice of weight rows in flight
-// per SM while the few real rows leave these kernels memory-bound.
-// NOTE: measured on the H200 (2026-12-01, same device call, fused_moe_sm90_grouped_fp8_block_bm64,
-// DeepSeek-V3 fp8_block): T=8 742 -> 719 us, T=512 3330 -> 3334 (unchanged). The bf16 tiles keep 4.
-template <>
-struct MainloopStages<E4m3x2, kMmaBM> {
-  static constexpr int value = 5;
-};
-constexpr int kMmaSmemBytes = MainloopStages<E4m3x2, kMmaBM>::value * MmaTile::kStageElems * 2;
 
 template <>
 struct MmaOp<E4m3x2> {
@@ -98,7 +89,7 @@ template <class Args>
 inline Status launch_mma(void (*fn)(Args, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
                          const char* what, const Args& args, const uint8_t* a, const uint8_t* b,
                          size_t extra_smem = 0) {
-  const int smem = int(kMmaSmemBytes + extra_smem);
+  const int smem = int(MmaTile::kSmemBytes + extra_smem);
   MOEKIT_RETURN_IF_ERROR(
       check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what));
   fn<<<grid, kThreads, smem, s>>>(args, a, b);
