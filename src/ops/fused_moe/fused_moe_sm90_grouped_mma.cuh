@@ -233,7 +233,7 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 // Hook::kSubs = 2: two N sub-tiles in one pipeline, K slices 0..KT-1 of the first then of the
 // second (B rows advanced by src.b_sub elements; kt counts on, KT..2KT-1); sub_done(0) runs after
 // the first one's last slice (its hook call included) while the second one's first stages load.
-// NOTE: one CTA per SM (255 registers, 200 KiB) pays its pipeline fill and epilogue once per
+// NOTE: one CTA per SM (255 registers, 160 KiB + scales) pays its pipeline fill and epilogue once per
 // output tile; the second sub-tile's loads cover the first one's epilogue.
 template <class TT, int BM, int kSplit, int MA = 4, class Hook = NoSliceHook, class SubDone = NoSubDone>
 __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
