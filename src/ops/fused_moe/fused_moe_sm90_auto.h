@@ -2,8 +2,9 @@
 // fused_moe_sm90_small_m (decode) or a grouped GEMM kernel (prefill), as the pure heuristic
 // choose_moe_strategy() / choose_moe_strategy_fp8() (fused_moe_heuristic.h) say, falling back to
 // the other one when the preferred kernel refuses the problem. Shared by fused_moe_sm90_bf16.cpp
-// (unquantized) and fused_moe_sm90_fp8.cpp (fp8 per-tensor / per-row / block); both strategies stay registered under their own
-// names (lower priority) so tests, benchmarks and MOEKIT_FORCE_KERNEL can pick either.
+// (unquantized) and fused_moe_sm90_fp8.cpp (fp8 per-tensor / per-row / block); both strategies
+// stay registered under their own names (lower priority) so tests, benchmarks and
+// MOEKIT_FORCE_KERNEL can pick either.
 // Host-only C++. Test: tests/test_fused_moe_heuristic.cpp (heuristic), check_fused_moe (kernels).
 #pragma once
 
