@@ -39,11 +39,7 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
   prob.out.fill_bytes(0xFF);
   {
     DeviceMirror dev(Backend::cuda);
-    for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.expert_mask, &p.expert_map,
-                          &p.w1_scale, &p.w2_scale, &p.a1_scale}) {
-      ASSERT_TRUE(dev.input(t).ok());
-    }
-    ASSERT_TRUE(dev.output(&p.out).ok());
+    ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
     RunOptions opts;
     opts.kernel = tkw1 && !block ? tkw1_kernel : row_kernel;
     size_t ws = 0;
@@ -105,11 +101,7 @@ inline void expect_device_supports(const Kernel& k, const MoeShape& s, bool acce
   MoeProblem prob = make(s);
   FusedMoeParams p = prob.params();
   DeviceMirror dev(Backend::cuda);
-  for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.expert_mask, &p.expert_map,
-                        &p.w1_scale, &p.w2_scale, &p.a1_scale}) {
-    ASSERT_TRUE(dev.input(t).ok());
-  }
-  ASSERT_TRUE(dev.output(&p.out).ok());
+  ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
   const Status st = k.supports(&p);
   EXPECT_EQ(st.ok(), accepted) << k.name << " H=" << s.H << " I=" << s.I << ": " << st.to_string();
 }

@@ -29,6 +29,14 @@
 
 namespace moekit::testing {
 
+Status mirror_fused_moe(DeviceMirror& dev, FusedMoeParams* p) {
+  for (TensorView* t : {&p->x, &p->w1, &p->w2, &p->topk_ids, &p->topk_weights, &p->w1_scale, &p->w2_scale,
+                        &p->a1_scale, &p->expert_mask, &p->expert_map}) {
+    MOEKIT_RETURN_IF_ERROR(dev.input(t));
+  }
+  return dev.output(&p->out);
+}
+
 namespace {
 
 const std::vector<int64_t> kDefaultTokens = {1, 5, 32};
@@ -63,11 +71,7 @@ Status run_kernel(MoeProblem& prob, const Kernel& k) {
   FusedMoeParams p = prob.params();
   DeviceMirror dev(k.backend);
   if (!dev.on_device()) return fused_moe(p, opts);
-  for (TensorView* t : {&p.x, &p.w1, &p.w2, &p.topk_ids, &p.topk_weights, &p.w1_scale, &p.w2_scale, &p.a1_scale,
-                        &p.expert_mask, &p.expert_map}) {
-    MOEKIT_RETURN_IF_ERROR(dev.input(t));
-  }
-  MOEKIT_RETURN_IF_ERROR(dev.output(&p.out));
+  MOEKIT_RETURN_IF_ERROR(mirror_fused_moe(dev, &p));
   size_t ws = 0;
   MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(p, opts, &ws));
   MOEKIT_RETURN_IF_ERROR(dev.scratch(ws, &opts.workspace));

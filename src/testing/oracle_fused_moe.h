@@ -131,4 +131,8 @@ bool run_against_oracle(MoeProblem& prob, const RunOptions& opts, std::string* d
 // Reads out [T, H] (row-strided) as doubles.
 std::vector<double> read_out(const TensorView& out);
 
+// Points p's tensors at device copies held by dev: every input (x, weights, routing, scales, mask,
+// map) and out (copied back by dev.copy_back()). Absent tensors stay absent.
+Status mirror_fused_moe(DeviceMirror& dev, FusedMoeParams* p);
+
 }  // namespace moekit::testing
