@@ -234,38 +234,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   if (ic >= p.I) return;
   const int nrows = row_end - row0, c0 = ic + 2 * (lane & 3);
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+    const int row = row0 + rl;
+    const float sx = p.row_scale[row];
+    const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+    float* orow = p.out + int64_t(row) * p.I;
+    if constexpr (G1U1) {
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+      for (int j = 0; j < kNT / 2; ++j) {
+        const int c = c0 + 8 * j;
+        const float* g = &acc.v[mi][j][2 * h];
+        const float* u = &acc.v[mi][j + kNT / 2][2 * h];
+        const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
+        const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * wt;
+        const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * wt;
+        *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+      }
+    } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = mi * 16 + (lane >> 2) + 8 * h;
-      if (rl >= nrows) continue;
-      const int row = row0 + rl;
-      const float sx = p.row_scale[row];
-      const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-      float* orow = p.out + int64_t(row) * p.I;
-      if constexpr (G1U1) {
-#pragma unroll
-        for (int j = 0; j < kNT / 2; ++j) {
-          const int c = c0 + 8 * j;
-          const float* g = &acc.v[mi][j][2 * h];
-          const float* u = &acc.v[mi][j + kNT / 2][2 * h];
-          const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
-          const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * wt;
-          const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * wt;
-          *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const int c = c0 + 8 * j;
-          const float* g = &acc.v[mi][j][2 * h];
-          const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
-          *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0), act<A>(g1));
-        }
+      for (int j = 0; j < kNT; ++j) {
+        const int c = c0 + 8 * j;
+        const float* g = &acc.v[mi][j][2 * h];
+        const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
+        *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0), act<A>(g1));
       }
     }
-  }
+  });
 }
 
 // gemm2 on BM 64 tiles, grid (tiles_max, H / 256): A = aq rows, B = w2 codes; y = acc * s_a * w2_scale.
@@ -288,24 +282,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   if (hc >= p.H) return;
   const int nrows = row_end - row0, c0 = hc + 2 * (lane & 3);
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+    const int row = row0 + rl;
+    const float sa = p.row_scale[row];
+    float* yrow = p.out + int64_t(row) * p.H;
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rl = mi * 16 + (lane >> 2) + 8 * h;
-      if (rl >= nrows) continue;
-      const int row = row0 + rl;
-      const float sa = p.row_scale[row];
-      float* yrow = p.out + int64_t(row) * p.H;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        const int c = c0 + 8 * j;
-        const float* v = &acc.v[mi][j][2 * h];
-        *reinterpret_cast<float2*>(yrow + c) =
-            make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
-      }
+    for (int j = 0; j < kNT; ++j) {
+      const int c = c0 + 8 * j;
+      const float* v = &acc.v[mi][j][2 * h];
+      *reinterpret_cast<float2*>(yrow + c) =
+          make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------- host side

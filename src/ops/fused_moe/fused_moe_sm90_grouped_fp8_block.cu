@@ -375,9 +375,13 @@ constexpr size_t blk_mma_scale_bytes(int64_t KT, int kSubs = 1) {
   return size_t((kMmaBM + 2 * kSubs) * KT) * sizeof(float);
 }
 static_assert(kFp8BlockBm64StageBytes == MmaTile::kSmemBytes, "the header's copy of the stage bytes");
+static_assert(MmaTile::kSmemBytes + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1) / kBlk, 1) <=
+                  size_t(kFp8BlockBm64MaxSmem) &&
+              MmaTile::kSmemBytes + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(2) / kBlk, 2) <=
+                  size_t(kFp8BlockBm64MaxSmem),
+              "the header's K limit keeps the staged scales within one CTA's shared memory");
 inline bool blk_mma_fits(int64_t KT, int kSubs = 1) {
-  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs) &&
-         MmaTile::kSmemBytes + blk_mma_scale_bytes(KT, kSubs) <= size_t(kFp8BlockBm64MaxSmem);
+  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs);
 }
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
@@ -457,32 +461,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int icj = ic + j * kTileN;
     if (icj >= p.I) return;
     const int c0 = icj + 2 * (lane & 3);
+    for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+      const int row = row0 + rl;
+      const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+      float* orow = p.out + int64_t(row) * p.I;
+      if constexpr (G1U1) {
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
+        for (int jj = 0; jj < kNT / 2; ++jj) {
+          const float* g = &pr.sum.v[mi][jj][2 * h];
+          const float* u = &pr.sum.v[mi][jj + kNT / 2][2 * h];
+          *reinterpret_cast<float2*>(orow + c0 + 8 * jj) =
+              make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
+        }
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rl = mi * 16 + (lane >> 2) + 8 * h;
-        if (rl >= nrows) continue;
-        const int row = row0 + rl;
-        const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-        float* orow = p.out + int64_t(row) * p.I;
-        if constexpr (G1U1) {
-#pragma unroll
-          for (int jj = 0; jj < kNT / 2; ++jj) {
-            const float* g = &pr.sum.v[mi][jj][2 * h];
-            const float* u = &pr.sum.v[mi][jj + kNT / 2][2 * h];
-            *reinterpret_cast<float2*>(orow + c0 + 8 * jj) =
-                make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
-          }
-        } else {
-#pragma unroll
-          for (int jj = 0; jj < kNT; ++jj) {
-            const float* g = &pr.sum.v[mi][jj][2 * h];
-            *reinterpret_cast<float2*>(orow + c0 + 8 * jj) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
-          }
+        for (int jj = 0; jj < kNT; ++jj) {
+          const float* g = &pr.sum.v[mi][jj][2 * h];
+          *reinterpret_cast<float2*>(orow + c0 + 8 * jj) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
         }
       }
-    }
+    });
   };
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
@@ -528,20 +526,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int hcj = hc + j * kBN;
     if (hcj >= p.H) return;
     const int c0 = hcj + 2 * (lane & 3);
+    for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+      float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rl = mi * 16 + (lane >> 2) + 8 * h;
-        if (rl >= nrows) continue;
-        float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
-#pragma unroll
-        for (int jj = 0; jj < kNT; ++jj) {
-          *reinterpret_cast<float2*>(yrow + 8 * jj) =
-              make_float2(pr.sum.v[mi][jj][2 * h], pr.sum.v[mi][jj][2 * h + 1]);
-        }
+      for (int jj = 0; jj < kNT; ++jj) {
+        *reinterpret_cast<float2*>(yrow + 8 * jj) = make_float2(pr.sum.v[mi][jj][2 * h], pr.sum.v[mi][jj][2 * h + 1]);
       }
-    }
+    });
   };
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr,

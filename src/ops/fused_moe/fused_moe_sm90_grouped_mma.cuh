@@ -141,6 +141,20 @@ struct Acc {
   float v[4][NT][4];
 };
 
+// Calls f(mi, h, rl) for each accumulator row of this lane below nrows: rl = mi * 16 + lane / 4 +
+// 8 h (elements 2 h and 2 h + 1 of v[mi][j]), the rows an epilogue writes.
+template <class F>
+__device__ __forceinline__ void for_lane_rows(int lane, int nrows, F&& f) {
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = mi * 16 + (lane >> 2) + 8 * h;
+      if (rl < nrows) f(mi, h, rl);
+    }
+  }
+}
+
 // b_off: elements added to every B row (the N sub-tile of a mainloop with Hook::kSubs > 1).
 template <class TT, int BM>
 __device__ __forceinline__ void load_stage(uint32_t stage, const TileSources<TT, BM>& src, int k0, int tid,
