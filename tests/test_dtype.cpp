@@ -18,6 +18,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "test_data_dir.h"
 #include "moekit/core/dtype.h"
 
 namespace moekit {
@@ -28,10 +29,7 @@ uint32_t bits(float f) { return dtype_detail::f32_bits(f); }
 
 const nlohmann::json& golden() {
   static const nlohmann::json j = [] {
-    // NOTE: MOEKIT_TEST_DATA_DIR in the environment overrides the build-time path, so a test binary
-    // copied to another machine (the GPU runs) still finds its data.
-    const char* env = std::getenv("MOEKIT_TEST_DATA_DIR");
-    const std::string path = std::string(env && *env ? env : MOEKIT_TEST_DATA_DIR) + "/dtype_golden.json";
+    const std::string path = testing::test_data_dir() + "/dtype_golden.json";
     std::ifstream f(path);
     EXPECT_TRUE(f.good()) << "cannot open " << path;
     return f.good() ? nlohmann::json::parse(f) : nlohmann::json::object();

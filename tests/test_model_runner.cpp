@@ -12,9 +12,11 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "test_data_dir.h"
 #include "moekit/model/runner.h"
 #include "moekit/model/safetensors.h"
 #include "moekit/registry.h"
@@ -25,7 +27,7 @@ namespace {
 
 const char* const kSmoke[] = {"mixtral-tiny-smoke", "deepseek-v3-tiny-smoke", "llama4-tiny-smoke"};
 
-std::string dir_of(const char* name) { return std::string(MOEKIT_TEST_DATA_DIR) + "/models/" + name; }
+std::string dir_of(const char* name) { return testing::test_data_dir() + "/models/" + name; }
 
 struct Reference {
   std::vector<std::vector<int32_t>> seqs;  // input ids, lengths applied
@@ -36,14 +38,19 @@ struct Reference {
 
 Reference read_reference(const std::string& dir) {
   SafetensorsFile f;
+  // A missing file or tensor throws (the test fails with the message) instead of reading through a
+  // null entry.
   const Status st = SafetensorsFile::open(dir + "/reference_logits.safetensors", &f);
-  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (!st.ok()) throw std::runtime_error(st.to_string());
   Reference r;
   TensorView ids, lens, am, lg;
-  EXPECT_TRUE(f.view(*f.find("input_ids"), &ids).ok());
-  EXPECT_TRUE(f.view(*f.find("lengths"), &lens).ok());
-  EXPECT_TRUE(f.view(*f.find("argmax"), &am).ok());
-  EXPECT_TRUE(f.view(*f.find("logits"), &lg).ok());
+  for (auto [name, view] : {std::pair<const char*, TensorView*>{"input_ids", &ids}, {"lengths", &lens},
+                            {"argmax", &am}, {"logits", &lg}}) {
+    const auto* entry = f.find(name);
+    if (entry == nullptr) throw std::runtime_error(dir + "/reference_logits.safetensors has no " + name);
+    const Status vs = f.view(*entry, view);
+    if (!vs.ok()) throw std::runtime_error(vs.to_string());
+  }
   r.S = ids.shape[1];
   for (int64_t n = 0; n < ids.shape[0]; ++n) {
     const int32_t len = lens.ptr<const int32_t>()[n];
@@ -207,7 +214,7 @@ TEST(ModelRunner, BundledTrainedModelsMatchPyTorch) {
   // fails here and not only in the accuracy table.
   for (const char* name : {"mixtral-tiny", "deepseek-v3-tiny", "llama4-tiny"}) {
     SCOPED_TRACE(name);
-    const std::string dir = std::string(MOEKIT_MODELS_DIR) + "/" + name;
+    const std::string dir = testing::models_dir() + "/" + name;
     const Reference r = read_reference(dir);
     auto m = load(dir, Backend::cpu, ModelScheme::f32);
     ASSERT_NE(m, nullptr);
@@ -221,7 +228,7 @@ TEST(ModelRunner, BundledTrainedModelsMatchPyTorch) {
     const nlohmann::json report = nlohmann::json::parse(rep);
     std::map<std::string, std::string> completion;  // id -> PyTorch's greedy completion
     for (const auto& e : report.at("test").at("examples")) completion[e.at("id")] = e.at("completion");
-    std::ifstream data(std::string(MOEKIT_MODELS_DIR) + "/data/arith_test.jsonl");
+    std::ifstream data(testing::models_dir() + "/data/arith_test.jsonl");
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::string> want;
     for (std::string line; prompts.size() < completion.size() && std::getline(data, line);) {

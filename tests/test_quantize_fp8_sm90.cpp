@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "test_data_dir.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
 #include "testing/oracle_layout_quant.h"
@@ -295,8 +296,7 @@ TEST(QuantizeFp8, CudaEncoderMatchesTheScalarEncoderOnEveryFloatClass) {
 // clamped-cast codes (NaN inputs: a NaN code, and exactly dtype.h's, i.e. the reference's).
 TEST(QuantizeFp8, CudaMatchesThePyTorchGoldenCasts) {
   SKIP_WITHOUT_CUDA();
-  const char* env = std::getenv("MOEKIT_TEST_DATA_DIR");
-  const std::string path = std::string(env && *env ? env : MOEKIT_TEST_DATA_DIR) + "/dtype_golden.json";
+  const std::string path = testing::test_data_dir() + "/dtype_golden.json";
   std::ifstream f(path);
   ASSERT_TRUE(f.good()) << "cannot open " << path;
   const nlohmann::json golden = nlohmann::json::parse(f);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_data_dir.h"
 #include "moekit/model/tokenizer.h"
 
 namespace moekit::model {
@@ -24,7 +25,7 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-nlohmann::json golden() { return read_json(std::string(MOEKIT_TEST_DATA_DIR) + "/tokenizer_golden.json"); }
+nlohmann::json golden() { return read_json(testing::test_data_dir() + "/tokenizer_golden.json"); }
 
 Tokenizer default_tokenizer() {
   Tokenizer t;
@@ -115,7 +116,7 @@ TEST(Tokenizer, DecodeSkipsSpecialTokens) {
 
 TEST(Tokenizer, EncodesEveryTextOfTheBundledTestSplit) {
   const Tokenizer t = default_tokenizer();
-  std::ifstream in(std::string(MOEKIT_MODELS_DIR) + "/data/arith_test.jsonl");
+  std::ifstream in(testing::models_dir() + "/data/arith_test.jsonl");
   ASSERT_TRUE(in.good());
   std::string line;
   int n = 0;
