@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# A/B timing of two builds on the GPU machine, from the repository root: the staged binaries of
-# scripts/gpu_build.sh in $A (default .gpu) and $B (default .gpu/b), the same `moekit bench` runs
-# for both, alternated ROUNDS times (default 2) so drift of the machine shows. Writes ab.txt and
-# the JSON of every run to $OUT (default out/); prints one line per (model, scheme, kernel,
-# tokens): the A and B times of each round and B / A of the medians.
+# A/B timing of builds on the GPU machine, from the repository root: the staged binaries of
+# scripts/gpu_build.sh in DIRS (default ".gpu .gpu/b"; the first is the base, A, the others B, C, ...),
+# the same `moekit bench` runs for each, alternated ROUNDS times (default 2) so drift of the machine
+# shows. Writes ab.txt and the JSON of every run to $OUT (default out/); prints one line per (model,
+# scheme, kernel, tokens): each side's times of every round and its median over A's.
 #   RUNS="--model deepseek-v3 --scheme fp8_block --tokens 1,8 --kernel fused_moe_sm90_fp8_block;--model mixtral ..."
 #   (runs separated by ';', each the arguments after `moekit bench --op fused_moe --backend cuda --full`)
 #   LIMIT=120 (seconds per bench run)  ITERS=30
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
-A=${A:-.gpu}
-B=${B:-.gpu/b}
+read -r -a dirs <<< "${DIRS:-.gpu .gpu/b}"
+sides=(A B C D E F)
 mkdir -p "$OUT"
-for d in "$A" "$B"; do
+for d in "${dirs[@]}"; do
   for f in "$d"/*.xz; do [ -e "$f" ] && unxz -f -T0 "$f"; done
   [ -x "$d/moekit" ] || { echo "gpu_ab.sh: no $d/moekit (stage it with scripts/gpu_build.sh)"; exit 2; }
 done
@@ -21,8 +21,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 IFS=';' read -r -a runs <<< "${RUNS:?RUNS is empty}"
 for ((r = 0; r < ${ROUNDS:-2}; ++r)); do
   for i in "${!runs[@]}"; do
-    for side in A B; do
-      dir=$A; [ "$side" = B ] && dir=$B
+    for j in "${!dirs[@]}"; do
+      side=${sides[$j]} dir=${dirs[$j]}
       # shellcheck disable=SC2086
       timeout "${LIMIT:-120}" "$dir/moekit" bench --op fused_moe --backend cuda --full --iters "${ITERS:-30}" \
         ${runs[$i]} --json > "$OUT/ab_${side}_${i}_$r.json" 2> "$OUT/ab_${side}_${i}_$r.err"
@@ -35,7 +35,7 @@ import glob, json, os, re, statistics, sys
 out = sys.argv[1]
 times = {}
 for f in sorted(glob.glob(os.path.join(out, "ab_*_*_*.json"))):
-    side, run, rnd = re.match(r"ab_([AB])_(\d+)_(\d+)\.json", os.path.basename(f)).groups()
+    side, run, rnd = re.match(r"ab_([A-F])_(\d+)_(\d+)\.json", os.path.basename(f)).groups()
     try:
         rows = json.load(open(f))
     except Exception as e:
@@ -43,10 +43,14 @@ for f in sorted(glob.glob(os.path.join(out, "ab_*_*_*.json"))):
         continue
     for row in rows:
         key = (row.get("case"), row.get("scheme"), row.get("kernel"), row.get("tokens"))
-        times.setdefault(key, {"A": [], "B": []})[side].append(row.get("time_us"))
+        times.setdefault(key, {}).setdefault(side, []).append(row.get("time_us"))
+fmt = lambda xs: "/".join(f"{x:.1f}" for x in xs) or "-"
 for key, t in times.items():
-    a, b = [x for x in t["A"] if x], [x for x in t["B"] if x]
-    ratio = f"{statistics.median(b) / statistics.median(a):.3f}" if a and b else "-"
-    fmt = lambda xs: "/".join(f"{x:.1f}" for x in xs) or "-"
-    print(" ".join(str(k) for k in key), "A", fmt(a), "B", fmt(b), "B/A", ratio)
+    a = [x for x in t.get("A", []) if x]
+    line = [str(k) for k in key] + ["A", fmt(a)]
+    for side in sorted(s for s in t if s != "A"):
+        b = [x for x in t[side] if x]
+        ratio = f"{statistics.median(b) / statistics.median(a):.3f}" if a and b else "-"
+        line += [side, fmt(b), f"{side}/A", ratio]
+    print(" ".join(line))
 PY
