@@ -489,8 +489,7 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
 
   ReduceArgs rd{y, l.tk * d.H, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H),
                 int(d.k), l.splits, p.weight_on_input};
-  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
-  return last_launch("fused_moe_sm90_grouped reduce");
+  return launch_reduce<TT>(rd, d.T, s, "fused_moe_sm90_grouped reduce");
 }
 
 }  // namespace

@@ -383,8 +383,7 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
 
   ReduceArgs rd{y, l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), l.splits, p.weight_on_input};
-  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
-  return last_launch("fused_moe_sm90_grouped_fp8 reduce");
+  return launch_reduce<TT>(rd, d.T, s, "fused_moe_sm90_grouped_fp8 reduce");
 }
 
 }  // namespace

@@ -644,8 +644,7 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};
-  reduce_kernel<TT><<<unsigned(d.T), kReduceThreads, 0, s>>>(rd);
-  return last_launch("fused_moe_sm90_grouped_fp8_block reduce");
+  return launch_reduce<TT>(rd, d.T, s, "fused_moe_sm90_grouped_fp8_block reduce");
 }
 
 }  // namespace
