@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
@@ -24,6 +25,37 @@ static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_
 constexpr int kMaxE = kRouteThreads;
 constexpr int kMaxK = 32;
 constexpr int kReduceThreads = 256;
+
+// ---------------------------------------------------------------- programmatic dependent launch
+// The short kernels of the fp8 paths (route, quantizers, BM 64 gemms, reduce) are launched with the
+// PDL attribute (launch_pdl): each CTA first waits for the predecessor grid to COMPLETE
+// (griddepcontrol.wait, which also makes its memory visible) before any global read or write, then
+// lets the next kernel's CTAs be scheduled. Only launch latency and CTA scheduling overlap, never
+// data (as fused_moe_sm90_small_m does); both instructions are no-ops in a kernel launched without
+// the attribute, so every kernel that calls this may be launched either way.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Launches kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute. The kernel must start
+// with wait_for_predecessor().
+template <class... P, class... A>
+inline Status launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char* what,
+                         A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), what));
+  return last_launch(what);
+}
 
 // ---------------------------------------------------------------- activations (f32, as the reference)
 template <Activation A>
@@ -91,6 +123,7 @@ __device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
 }
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
+  wait_for_predecessor();
   __shared__ int s_cnt[kMaxE];
   __shared__ int s_cursor[kMaxE];
   __shared__ int s_off[kMaxE + 1];
@@ -187,6 +220,7 @@ struct ReduceArgs {
 constexpr int kReduceChunk = kReduceThreads * 4;  // columns per block
 template <class TT>
 __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
+  wait_for_predecessor();
   __shared__ int s_row[kMaxK];
   __shared__ float s_w[kMaxK];
   const int64_t t = blockIdx.x;
@@ -225,8 +259,8 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
 // Launches reduce_kernel over T tokens x ceil(H / kReduceChunk) column chunks.
 template <class TT>
 inline Status launch_reduce(const ReduceArgs& rd, int64_t T, cudaStream_t s, const char* what) {
-  reduce_kernel<TT><<<dim3(unsigned(T), unsigned((rd.H + kReduceChunk - 1) / kReduceChunk)), kReduceThreads, 0, s>>>(rd);
-  return last_launch(what);
+  return launch_pdl(reduce_kernel<TT>, dim3(unsigned(T), unsigned((rd.H + kReduceChunk - 1) / kReduceChunk)),
+                    dim3(kReduceThreads), 0, s, what, rd);
 }
 
 // Workspace of the fp8 grouped kernels (byte offsets from a 256-byte aligned base): the routing lists,
@@ -285,8 +319,7 @@ inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
                r.local, r.offsets, r.row_entry, r.slot_row, r.tile_expert, r.tile_row0, r.num_tiles,
                int(tk), int(d.E), int(d.Eg), int(tiles_max), bm};
-  route_kernel<<<1, kRouteThreads, 0, s>>>(ra);
-  return last_launch(what);
+  return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, s, what, ra);
 }
 
 // SMs of the current device (the persistent kernels launch at most one CTA per SM).

@@ -58,6 +58,7 @@ template <class S>
 __global__ void __launch_bounds__(kQuantThreads)
     quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
                       const float* fixed, uint8_t* q, float* scale) {
+  wait_for_predecessor();
   const int r = blockIdx.x;
   if (r >= offsets[E]) return;
   const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
@@ -214,6 +215,7 @@ template <bool G1U1, Activation A>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm1_fp8_mma_kernel(Fp8GemmArgs p, const uint8_t* xq, const uint8_t* w1) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  wait_for_predecessor();
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
@@ -266,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 __global__ void __launch_bounds__(kThreads, 1)
     gemm2_fp8_mma_kernel(Fp8GemmArgs p, const uint8_t* aq, const uint8_t* w2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  wait_for_predecessor();
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
@@ -323,9 +326,9 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
                                           "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
 
-  quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, g1.offsets, int(d.E),
-                                                                     int(d.I), nullptr, aq, sa);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant a"));
+  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
+                                    "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
+                                    int(d.E), int(d.I), nullptr, aq, sa));
   return launch_ws_kernel(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), s,
                           "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
 }
@@ -351,10 +354,10 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
-  quant_rows_kernel<TT><<<unsigned(l.tk), kQuantThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
-                                                                  at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
-                                                                  int(d.H), fixed, xq, sx);
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant x"));
+  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<TT>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
+                                    "fused_moe_sm90_grouped_fp8 quant x", static_cast<const TT*>(p.x.data),
+                                    p.x.stride[0], at(l.row_entry), int(d.k), at(l.offsets), int(d.E), int(d.H),
+                                    fixed, xq, sx));
 
   const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
   Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
@@ -371,9 +374,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
     MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), unsigned(n_tiles1)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm1 (BM 64)", g1, xq,
                                       static_cast<const uint8_t*>(p.w1.data)));
-    quant_rows_kernel<float><<<unsigned(l.tk), kQuantThreads, 0, s>>>(a, d.I, nullptr, 1, at(l.offsets), int(d.E),
-                                                                       int(d.I), nullptr, aq, sa);
-    MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8 quant a"));
+    MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
+                                      "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1,
+                                      at(l.offsets), int(d.E), int(d.I), nullptr, aq, sa));
     MOEKIT_RETURN_IF_ERROR(launch_mma(gemm2_fp8_mma_kernel, dim3(unsigned(l.tiles_max), unsigned(n_tiles2)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm2 (BM 64)", g2, aq,
                                       static_cast<const uint8_t*>(p.w2.data)));

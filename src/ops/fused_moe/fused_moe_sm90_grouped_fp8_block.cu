@@ -79,6 +79,7 @@ template <class S>
 __global__ void __launch_bounds__(kQThreads)
     quant_groups_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
                         int n, uint8_t* q, float* scale) {
+  wait_for_predecessor();
   const int r = blockIdx.x;
   if (r >= offsets[E]) return;
   const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
@@ -425,6 +426,7 @@ template <bool G1U1, Activation A, int kSubs>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm1_blk_mma_kernel(BlkArgs p, const uint8_t* xq, const uint8_t* w1) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  wait_for_predecessor();
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
@@ -497,6 +499,7 @@ template <int kSubs>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm2_blk_mma_kernel(BlkArgs p, const uint8_t* aq, const uint8_t* w2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  wait_for_predecessor();
   const int tile = blockIdx.x;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
@@ -549,10 +552,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, unsigned char* base,
                       cudaStream_t s, const char* what) {
   const MoeDims d = moe_dims(p);
-  quant_groups_kernel<float><<<unsigned(l.tk), kQThreads, 0, s>>>(g1.out, d.I, nullptr, 1, g1.offsets, int(d.E),
-                                                                  int(d.I), base + l.aq,
-                                                                  reinterpret_cast<float*>(base + l.sa));
-  return last_launch(what);
+  return launch_pdl(quant_groups_kernel<float>, dim3(unsigned(l.tk)), dim3(kQThreads), 0, s, what,
+                    static_cast<const float*>(g1.out), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E), int(d.I),
+                    base + l.aq, reinterpret_cast<float*>(base + l.sa));
 }
 
 // The BM 128 gemms and the quantization of a between them: persistent TMA + wgmma kernels (one CTA
@@ -627,10 +629,10 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
                                        at(l.tile_row0), at(l.num_tiles)},
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8_block route"));
-  quant_groups_kernel<TT><<<unsigned(l.tk), kQThreads, 0, s>>>(static_cast<const TT*>(p.x.data), p.x.stride[0],
-                                                               at(l.row_entry), int(d.k), at(l.offsets), int(d.E),
-                                                               int(d.H), base + l.xq, fat(l.sx));
-  MOEKIT_RETURN_IF_ERROR(last_launch("fused_moe_sm90_grouped_fp8_block quant x"));
+  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_groups_kernel<TT>, dim3(unsigned(l.tk)), dim3(kQThreads), 0, s,
+                                    "fused_moe_sm90_grouped_fp8_block quant x", static_cast<const TT*>(p.x.data),
+                                    p.x.stride[0], at(l.row_entry), int(d.k), at(l.offsets), int(d.E), int(d.H),
+                                    base + l.xq, fat(l.sx)));
 
   BlkArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sx), p.w1_scale.ptr<const float>(), fat(l.a), int(d.H), int(d.I),

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
 
 namespace moekit::cuda::grouped {
@@ -84,7 +85,8 @@ __device__ __forceinline__ void mma_w2_rows(TileSources<E4m3x2, kMmaBM>& src, co
 }
 
 // Launches a BM 64 kernel fn(args, a, b) with its dynamic shared memory: the 4-stage cp.async
-// pipeline and extra_smem bytes behind it (the block kernels' staged scales).
+// pipeline and extra_smem bytes behind it (the block kernels' staged scales), with the PDL
+// attribute (the kernels start with wait_for_predecessor, fused_moe_sm90_grouped_common.cuh).
 template <class Args>
 inline Status launch_mma(void (*fn)(Args, const uint8_t*, const uint8_t*), dim3 grid, cudaStream_t s,
                          const char* what, const Args& args, const uint8_t* a, const uint8_t* b,
@@ -92,8 +94,7 @@ inline Status launch_mma(void (*fn)(Args, const uint8_t*, const uint8_t*), dim3 
   const int smem = int(MmaTile::kSmemBytes + extra_smem);
   MOEKIT_RETURN_IF_ERROR(
       check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what));
-  fn<<<grid, kThreads, smem, s>>>(args, a, b);
-  return last_launch(what);
+  return launch_pdl(fn, grid, dim3(kThreads), size_t(smem), s, what, args, a, b);
 }
 
 }  // namespace moekit::cuda::grouped
