@@ -309,6 +309,23 @@ int run_bench(const BenchArgs& a) {
     }
     s = InvalidArgument("--op: ", op_name(ops[0]), " has no benchmark (benchable: ", benchable, ")");
   }
+  // --kernel: every name must be a kernel of a selected op on a selected backend (before any row).
+  for (size_t i = 0; s.ok() && !a.kernels.empty() && i <= a.kernels.size();) {
+    const size_t j = std::min(a.kernels.find(',', i), a.kernels.size());
+    const std::string name = a.kernels.substr(i, j - i);
+    std::string known;
+    bool found = false;
+    for (OpKind op : ops) {
+      for (Backend b : backends) {
+        for (const Kernel* k : kernels_of(op, b)) {
+          found |= name == k->name;
+          known += (known.empty() ? "" : ", ") + std::string(k->name);
+        }
+      }
+    }
+    if (!found) s = InvalidArgument("--kernel: no kernel '", name, "' of the selected op / backend (", known, ")");
+    i = j + 1;
+  }
   if (!s.ok()) return report_error("bench", s);
   if (problems.tokens.empty()) problems.tokens = {1, 8, 64, 512};
   if (explicit_backend) {

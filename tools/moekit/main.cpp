@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--peak-gflops", bench.peak_gflops,
       "Arithmetic rate for the floor, GFLOP/s (default: measured)")
       ->type_name("Y");
-  bench_cmd->add_option("--kernel", bench.kernels, "Only these kernels (names, comma separated; default: every kernel of the backends)");
+  bench_cmd->add_option("--kernel", bench.kernels, "Only these kernels (names, comma separated, each a kernel of the selected op and backends; default: every kernel of the backends)");
   bench_cmd->add_flag("--row-major-weights", bench.row_major_weights,
                      "CPU fused_moe: keep the weights row_major (default: packed once at setup, see docs/cli.md)");
   bench_cmd->add_option("--compare", bench.compare,
