@@ -15,6 +15,7 @@
 
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/pdl.cuh"
 #include "moekit/ops/fused_moe.h"
 
 namespace moekit::cuda::grouped {
@@ -25,37 +26,6 @@ static_assert(kRouteThreads == 1024, "the routing scans use block_inclusive_sum_
 constexpr int kMaxE = kRouteThreads;
 constexpr int kMaxK = 32;
 constexpr int kReduceThreads = 256;
-
-// ---------------------------------------------------------------- programmatic dependent launch
-// The short kernels of the fp8 paths (route, quantizers, BM 64 gemms, reduce) are launched with the
-// PDL attribute (launch_pdl): each CTA first waits for the predecessor grid to COMPLETE
-// (griddepcontrol.wait, which also makes its memory visible) before any global read or write, then
-// lets the next kernel's CTAs be scheduled. Only launch latency and CTA scheduling overlap, never
-// data (as fused_moe_sm90_small_m does); both instructions are no-ops in a kernel launched without
-// the attribute, so every kernel that calls this may be launched either way.
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
-// Launches kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute. The kernel must start
-// with wait_for_predecessor().
-template <class... P, class... A>
-inline Status launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char* what,
-                         A&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), what));
-  return last_launch(what);
-}
 
 // ---------------------------------------------------------------- activations (f32, as the reference)
 template <Activation A>

@@ -34,6 +34,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/pdl.cuh"
 #include "moekit/ops/quant.h"
 
 namespace moekit::cuda {
@@ -127,16 +128,6 @@ __device__ __forceinline__ void load_staged8(const XT* row, int c, float (&f)[8]
   } else {
     unpack8<XT>(reinterpret_cast<const uint4*>(row)[c], f);
   }
-}
-
-// Programmatic dependent launch (PDL): every kernel is launched allowed to overlap its predecessor
-// in the stream. Each CTA first waits for the predecessor grid to COMPLETE (griddepcontrol.wait
-// also makes its memory visible) before any global read or write, then lets the next kernel's CTAs
-// be scheduled (they in turn wait for this grid's completion). So only launch latency and CTA
-// scheduling overlap, never data; both instructions are no-ops when launched without PDL.
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -461,25 +452,14 @@ int pick_mc(int64_t T, int64_t k, int64_t E, size_t row_bytes) {
   return mc;
 }
 
-// Launches kernel(a) with the PDL attribute (see wait_for_predecessor).
+// Launches kernel(a) with the PDL attribute (cuda/pdl.cuh).
 Status launch(void (*kernel)(Args), dim3 grid, dim3 block, size_t smem, cudaStream_t st, const Args& a,
               const char* name) {
   if (smem > 48 * 1024) {
     MOEKIT_RETURN_IF_ERROR(
         check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), name));
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaLaunchKernelEx(&cfg, kernel, a), name));
-  return last_launch(name);
+  return launch_pdl(kernel, grid, block, smem, st, name, a);
 }
 
 template <class T, class AT>
