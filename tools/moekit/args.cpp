@@ -74,6 +74,19 @@ Status parse_positive(const std::string& flag, const std::string& text, double* 
   return Status::Ok();
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t c = s.find(',', at);
+    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
+    if (!part.empty()) out.push_back(part);
+    if (c == std::string::npos) break;
+    at = c + 1;
+  }
+  return out;
+}
+
 Status parse_token_list(const std::string& flag, const std::string& text, int64_t min_value,
                         std::vector<int64_t>* out) {
   std::vector<int64_t> v;

@@ -310,9 +310,7 @@ int run_bench(const BenchArgs& a) {
     s = InvalidArgument("--op: ", op_name(ops[0]), " has no benchmark (benchable: ", benchable, ")");
   }
   // --kernel: every name must be a kernel of a selected op on a selected backend (before any row).
-  for (size_t i = 0; s.ok() && !a.kernels.empty() && i <= a.kernels.size();) {
-    const size_t j = std::min(a.kernels.find(',', i), a.kernels.size());
-    const std::string name = a.kernels.substr(i, j - i);
+  for (const std::string& name : s.ok() ? split_commas(a.kernels) : std::vector<std::string>{}) {
     std::string known;
     bool found = false;
     for (OpKind op : ops) {
@@ -323,8 +321,10 @@ int run_bench(const BenchArgs& a) {
         }
       }
     }
-    if (!found) s = InvalidArgument("--kernel: no kernel '", name, "' of the selected op / backend (", known, ")");
-    i = j + 1;
+    if (!found) {
+      s = InvalidArgument("--kernel: no kernel '", name, "' of the selected op / backend (", known, ")");
+      break;
+    }
   }
   if (!s.ok()) return report_error("bench", s);
   if (problems.tokens.empty()) problems.tokens = {1, 8, 64, 512};

@@ -33,22 +33,9 @@ namespace fs = std::filesystem;
 // greedy decoding stops at eos or after this many new tokens (test targets are <= 55 characters).
 constexpr int kEvalMaxNewTokens = 96;
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t c = s.find(',', at);
-    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
-    if (!part.empty()) out.push_back(part);
-    if (c == std::string::npos) break;
-    at = c + 1;
-  }
-  return out;
-}
-
 Status parse_backends(const std::string& text, std::vector<Backend>* out) {
   out->clear();
-  for (const std::string& b : split(text)) {
+  for (const std::string& b : split_commas(text)) {
     Backend v;
     if (!parse_backend(b, &v)) return InvalidArgument("--backend: '", b, "' is not ref, cpu or cuda");
     out->push_back(v);
@@ -63,7 +50,7 @@ Status parse_schemes(const std::string& text, std::vector<ModelScheme>* out) {
     *out = {ModelScheme::bf16, ModelScheme::fp8_tensor, ModelScheme::fp8_channel, ModelScheme::fp8_block};
     return Status::Ok();
   }
-  for (const std::string& s : split(text)) {
+  for (const std::string& s : split_commas(text)) {
     ModelScheme m;
     if (!model::parse_model_scheme(s, &m)) {
       return InvalidArgument("--scheme: '", s, "' is not one of f32, bf16, fp8_tensor, fp8_channel, fp8_block, all");
@@ -78,7 +65,7 @@ Status parse_schemes(const std::string& text, std::vector<ModelScheme>* out) {
 // that have one (sorted).
 Status model_dirs(const std::string& text, std::vector<std::string>* out) {
   out->clear();
-  for (const std::string& d : split(text)) {
+  for (const std::string& d : split_commas(text)) {
     if (fs::exists(fs::path(d) / "config.json")) {
       out->push_back(d);
       continue;

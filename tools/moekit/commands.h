@@ -97,6 +97,8 @@ struct ProblemSet {
 // anything runs. `min_tokens`: smallest token count accepted (0 for check, 1 for bench).
 Status parse_problem_set(const ShapeFlags& f, int64_t min_tokens, ProblemSet* out);
 
+// The non-empty comma-separated parts of s, in order.
+std::vector<std::string> split_commas(const std::string& s);
 // "T[,T2,...]": non-negative decimal integers >= min_value, no empty entries.
 Status parse_token_list(const std::string& flag, const std::string& text, int64_t min_value,
                         std::vector<int64_t>* out);
