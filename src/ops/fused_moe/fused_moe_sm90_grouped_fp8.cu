@@ -111,8 +111,40 @@ struct Fp8GemmArgs {
   bool weight_on_input;
 };
 
-__device__ __forceinline__ float wscale(const Fp8GemmArgs& p, int e, int n, int N) {
-  return p.w_rows ? p.w_scale[int64_t(e) * N + n] : p.w_scale[e];
+// The weight scales of columns n and n + 1 of expert e (N scales per expert when per row; ws_e,
+// p.w_scale[e] loaded once by the caller, when per tensor). The BM 64 epilogues load theirs before
+// any store (see stage_wscales for why).
+__device__ __forceinline__ float2 wscale2(const Fp8GemmArgs& p, float ws_e, int e, int n, int N) {
+  if (!p.w_rows) return make_float2(ws_e, ws_e);
+  const float* s = p.w_scale + int64_t(e) * N + n;
+  return make_float2(s[0], s[1]);
+}
+__device__ __forceinline__ float wscale_e(const Fp8GemmArgs& p, int e) { return p.w_rows ? 0.0f : p.w_scale[e]; }
+
+// The weight scales of a 128-row tile's 256 columns, staged per consumer warp in shared memory
+// (ws_extra_smem; per-row weight scales only): 256 floats per warp.
+// NOTE: the epilogues used to load each column pair's scales from global memory next to the store
+// of that pair: a load after a store through the float* output cannot be hoisted above it (they may
+// alias), so every pair paid an L1 or L2 latency in the consumer warps' critical path. Measured on
+// the H200 (2026-12-01, docs/PERF.md): fp8_channel (per-row weight scales) then ran 14-43% slower
+// than fp8_tensor on the same tiles (Qwen3 T=64 294 vs 206 us, DeepSeek-V3 T=512 3573 vs 3091).
+// Shared-memory loads do not alias global stores, and the consumers have no registers to spare
+// (168 at most, fused_moe_sm90_grouped_tma.cuh).
+constexpr int kWsScaleCols = kBN;
+constexpr int kWsScaleSmem = kWsConsumerWarps * kWsScaleCols * int(sizeof(float));
+
+// Warp-wide (every lane): lane l copies the scales of columns col(l) .. col(l) + 7 of expert e
+// (N per expert) into dst[8 l ..] (zeros where col(l) >= N). The first __syncwarp keeps the copy
+// behind the warp's reads of the previous tile's scales.
+__device__ __forceinline__ void stage_wscales(float* dst, const float* w_scale, int e, int N, int col, int lane) {
+  float v[8];
+  const float* src = w_scale + int64_t(e) * N + col;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) v[q] = col < N ? src[q] : 0.0f;  // N % 8 == 0
+  __syncwarp();
+#pragma unroll
+  for (int q = 0; q < 8; ++q) dst[8 * lane + q] = v[q];
+  __syncwarp();
 }
 
 // gemm1: ma = xq [Tk, H] codes, mb = w1 as [E * N1, H] codes; N tiles of 128 gate + 128 up columns
@@ -124,6 +156,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
   ws_run<__nv_fp8_e4m3>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
@@ -136,6 +169,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       [&](const WsItem& it, const AccW& acc) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], i0 = it.n * nb;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+        if (warp * 16 >= nrows) return;  // no real row in the warp's 16
+        // Per-row scales: the gate's 128 columns then the up's 128 (g1u1), or the 256 columns.
+        const float ws_e = wscale_e(p, e);
+        if (p.w_rows) {
+          const int col = G1U1 ? (lane < 16 ? 0 : p.I) + i0 + 8 * (lane & 15) : i0 + 8 * lane;
+          stage_wscales(wsm, p.w_scale, e, n1, col, lane);
+        }
+        auto ws = [&](int idx) {
+          return p.w_rows ? *reinterpret_cast<const float2*>(wsm + idx) : make_float2(ws_e, ws_e);
+        };
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int rl = warp * 16 + (lane >> 2) + 8 * h;
@@ -147,21 +190,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           if constexpr (G1U1) {
 #pragma unroll
             for (int j = 0; j < kWgNT / 2; ++j) {
-              const int c = i0 + 8 * j + c0;
               const float* g = &acc.v[0][j][2 * h];
               const float* u = &acc.v[0][j + kWgNT / 2][2 * h];
-              const float g0 = g[0] * sx * wscale(p, e, c, n1) * w, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * w;
-              const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * w;
-              const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * w;
+              const float2 wg = ws(8 * j + c0), wu = ws(kWsScaleCols / 2 + 8 * j + c0);
+              const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
+              const float u0 = u[0] * sx * wu.x * w, u1 = u[1] * sx * wu.y * w;
               *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
             }
           } else {
 #pragma unroll
             for (int j = 0; j < kWgNT; ++j) {
               if (8 * j >= p.I - i0) continue;
-              const int c = i0 + 8 * j + c0;
               const float* g = &acc.v[0][j][2 * h];
-              const float g0 = g[0] * sx * wscale(p, e, c, n1) * w, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * w;
+              const float2 wg = ws(8 * j + c0);
+              const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
               *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0), act<A>(g1));
             }
           }
@@ -177,6 +219,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   ws_run<__nv_fp8_e4m3>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
@@ -187,6 +230,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       [&](const WsItem& it, const AccW& acc) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+        if (warp * 16 >= nrows) return;  // no real row in the warp's 16
+        const float ws_e = wscale_e(p, e);
+        if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int rl = warp * 16 + (lane >> 2) + 8 * h;
@@ -197,10 +243,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
           for (int j = 0; j < kWgNT; ++j) {
             if (8 * j >= p.H - h0) continue;
-            const int c = h0 + 8 * j + c0;
             const float* v = &acc.v[0][j][2 * h];
-            *reinterpret_cast<float2*>(yrow + 8 * j) =
-                make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
+            const float2 ws = p.w_rows ? *reinterpret_cast<const float2*>(wsm + 8 * j + c0) : make_float2(ws_e, ws_e);
+            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v[0] * sa * ws.x, v[1] * sa * ws.y);
           }
         }
       });
@@ -236,28 +281,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   if (ic >= p.I) return;
   const int nrows = row_end - row0, c0 = ic + 2 * (lane & 3);
+  // The warp's column scales, loaded once before the stores (wscale2).
+  constexpr int kJ = G1U1 ? kNT / 2 : kNT;
+  const float ws_e = wscale_e(p, e);
+  float2 wg[kJ], wu[G1U1 ? kJ : 1];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    wg[j] = wscale2(p, ws_e, e, c0 + 8 * j, n1);
+    if constexpr (G1U1) wu[j] = wscale2(p, ws_e, e, p.I + c0 + 8 * j, n1);
+  }
+  // The lane's row scales (and router weights) too, before the first store.
+  float rs[4][2], rw[4][2];
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+    rs[mi][h] = p.row_scale[row0 + rl];
+    rw[mi][h] = p.weight_on_input ? p.weights[p.row_entry[row0 + rl]] : 1.0f;
+  });
   for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
     const int row = row0 + rl;
-    const float sx = p.row_scale[row];
-    const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+    const float sx = rs[mi][h], wt = rw[mi][h];
     float* orow = p.out + int64_t(row) * p.I;
-    if constexpr (G1U1) {
 #pragma unroll
-      for (int j = 0; j < kNT / 2; ++j) {
-        const int c = c0 + 8 * j;
-        const float* g = &acc.v[mi][j][2 * h];
+    for (int j = 0; j < kJ; ++j) {
+      const int c = c0 + 8 * j;
+      const float* g = &acc.v[mi][j][2 * h];
+      const float g0 = g[0] * sx * wg[j].x * wt, g1 = g[1] * sx * wg[j].y * wt;
+      if constexpr (G1U1) {
         const float* u = &acc.v[mi][j + kNT / 2][2 * h];
-        const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
-        const float u0 = u[0] * sx * wscale(p, e, p.I + c, n1) * wt;
-        const float u1 = u[1] * sx * wscale(p, e, p.I + c + 1, n1) * wt;
+        const float u0 = u[0] * sx * wu[j].x * wt, u1 = u[1] * sx * wu[j].y * wt;
         *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        const int c = c0 + 8 * j;
-        const float* g = &acc.v[mi][j][2 * h];
-        const float g0 = g[0] * sx * wscale(p, e, c, n1) * wt, g1 = g[1] * sx * wscale(p, e, c + 1, n1) * wt;
+      } else {
         *reinterpret_cast<float2*>(orow + c) = make_float2(act<A>(g0), act<A>(g1));
       }
     }
@@ -285,16 +337,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   if (hc >= p.H) return;
   const int nrows = row_end - row0, c0 = hc + 2 * (lane & 3);
+  const float ws_e = wscale_e(p, e);
+  float2 ws[kNT];  // the warp's column scales, loaded once before the stores (wscale2)
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) ws[j] = wscale2(p, ws_e, e, c0 + 8 * j, p.H);
+  float rs[4][2];  // the lane's row scales, before the first store
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) { rs[mi][h] = p.row_scale[row0 + rl]; });
   for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
     const int row = row0 + rl;
-    const float sa = p.row_scale[row];
+    const float sa = rs[mi][h];
     float* yrow = p.out + int64_t(row) * p.H;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
       const int c = c0 + 8 * j;
       const float* v = &acc.v[mi][j][2 * h];
-      *reinterpret_cast<float2*>(yrow + c) =
-          make_float2(v[0] * sa * wscale(p, e, c, p.H), v[1] * sa * wscale(p, e, c + 1, p.H));
+      *reinterpret_cast<float2*>(yrow + c) = make_float2(v[0] * sa * ws[j].x, v[1] * sa * ws[j].y);
     }
   });
 }
@@ -323,13 +380,13 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
                                           "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
-  return launch_ws_kernel(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), s,
+  return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
                           "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
 }
 

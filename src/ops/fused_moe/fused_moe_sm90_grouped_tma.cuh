@@ -13,8 +13,9 @@
 // the next tile while the consumers run the epilogue of this one.
 // Consumer per slice: wait full[s]; 4 x wgmma k16; commit; wait until <= 1 wgmma group is pending
 // (so the tensor pipe always has the next group queued); release the stage of the previous slice.
-// NOTE: 9 warps x 224 registers (launch bounds 288, 1) leave the consumers 224 registers without
-// setmaxnreg; the producer warp wastes its share, which costs nothing at one CTA per SM.
+// NOTE: launch bounds (288, 1) give every thread at most 168 registers (ptxas: the 9 warps spread
+// 3 / 2 / 2 / 2 over the SM's four 16K-register quarters, 3 x 32 x 168 <= 16384); the consumers
+// run close to that, so epilogues keep per-column data in shared memory, not registers.
 // The tile layout in shared memory is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B for boxes of
 // 64 x 128 (src/cuda/tensor_map.h): 8-row atoms of 1024 bytes, 16-byte chunks XOR (row % 8), the
 // layout of wgmma_desc_sw128. Two 128-row B boxes side by side form the 256-row B tile.
@@ -106,6 +107,12 @@ struct WsSmem {
   __device__ __forceinline__ uint32_t full(int s) const { return base + kWsStages * kWsStageBytes + 8u * s; }
   __device__ __forceinline__ uint32_t empty(int s) const { return full(kWsStages) + 8u * s; }
 };
+
+// The dynamic shared memory after the stages and the barriers (8-byte aligned): the extra_smem
+// bytes of launch_ws_kernel_extra, for the kernel's own use.
+__device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw) {
+  return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + kWsStages * kWsStageBytes + 2 * kWsStages * 8;
+}
 
 // One thread initialises the barriers; the caller then synchronises the CTA.
 __device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
@@ -241,14 +248,19 @@ __device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, 
 }
 
 // ---------------------------------------------------------------- host side of the WS kernels
-// Launches a persistent WS kernel (kWsThreads threads, kWsSmemBytes of dynamic shared memory) on
+// Launches a persistent WS kernel (kWsThreads threads, kWsSmemBytes + extra_smem of dynamic shared memory) on
 // `grid` CTAs; errors name `what`.
 template <class... P, class... A>
-inline Status launch_ws_kernel(void (*fn)(P...), unsigned grid, cudaStream_t s, const char* what, A&&... args) {
-  MOEKIT_RETURN_IF_ERROR(
-      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes), what));
-  fn<<<grid, kWsThreads, kWsSmemBytes, s>>>(std::forward<A>(args)...);
+inline Status launch_ws_kernel_extra(void (*fn)(P...), unsigned grid, int extra_smem, cudaStream_t s, const char* what,
+                                     A&&... args) {
+  const int bytes = kWsSmemBytes + extra_smem;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
+  fn<<<grid, kWsThreads, bytes, s>>>(std::forward<A>(args)...);
   return last_launch(what);
+}
+template <class... P, class... A>
+inline Status launch_ws_kernel(void (*fn)(P...), unsigned grid, cudaStream_t s, const char* what, A&&... args) {
+  return launch_ws_kernel_extra(fn, grid, 0, s, what, std::forward<A>(args)...);
 }
 
 // f(g1u1, act) instantiated for the runtime (activation, g1u1): g1u1 is std::bool_constant, act an
