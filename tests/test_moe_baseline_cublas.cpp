@@ -602,7 +602,8 @@ TEST(MoeBaselineCublas, Fp8TimeGraphOverTwoSets) {
 
 TEST(MoeBaselineCublas, Fp8BenchHookDevicePathEndToEnd) {
   SKIP_WITHOUT_DEVICE();
-  for (Scheme sc : {Scheme::fp8_channel, Scheme::fp8_block}) {
+  // The fp8 weights and scales of every set are made on the device (fill_fp8_weights_device).
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel, Scheme::fp8_block}) {
     SCOPED_TRACE(scheme_name(sc));
     const MoeVariant v = sc == Scheme::fp8_block ? MoeVariant::fp8_block : MoeVariant::fp8_row;
     const Kernel* kernel = nullptr;
@@ -616,6 +617,8 @@ TEST(MoeBaselineCublas, Fp8BenchHookDevicePathEndToEnd) {
     req.shape.scheme_given = true;
     std::unique_ptr<BenchProblem> p;
     Status st = bench_fused_moe(req, 64, *kernel, &p);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    st = p->run();  // the kernel accepts the device-made weights and scales
     ASSERT_TRUE(st.ok()) << st.to_string();
     double base = 0;
     st = p->baseline(1, 5, &base);

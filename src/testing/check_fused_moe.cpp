@@ -401,6 +401,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
 #if MOEKIT_WITH_CUDA
 #include "cuda/bench_fill.h"
 #include "cuda/moe_baseline_cublas.h"
+#include "moekit/ops/quant.h"
 #endif
 
 namespace moekit::testing {
@@ -511,6 +512,22 @@ bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k) {
 
 namespace {
 
+// f32 weight scales one expert of shape s carries (w1's and w2's; 0 unquantized), as
+// make_moe_problem lays them out.
+int64_t scale_floats_per_expert(const MoeShape& s, const MoeProblemOptions& o) {
+  const int64_t N1 = o.g1u1 ? 2 * s.I : s.I;
+  switch (s.scheme) {
+    case Scheme::fp8_tensor: return 2;
+    case Scheme::fp8_channel: return N1 + s.H;
+    case Scheme::fp8_block: {
+      const int64_t bn = o.block, bk = o.block_k > 0 ? o.block_k : o.block;
+      auto cdiv = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+      return cdiv(N1, bn) * cdiv(s.H, bk) + cdiv(s.H, bn) * cdiv(s.I, bk);
+    }
+    default: return 0;
+  }
+}
+
 // flops, bytes and the shape line of problem p of shape s (s may have another I than p.shape: the
 // device path generates p with I = 1 and the real weights on the device).
 void describe_bench(const MoeShape& s, const MoeProblem& p, BenchProblem* b) {
@@ -518,10 +535,7 @@ void describe_bench(const MoeShape& s, const MoeProblem& p, BenchProblem* b) {
   const double N1 = p.opts.g1u1 ? 2 * I : I;
   b->flops = 2 * T * K * H * N1 + 2 * T * K * I * H;
   const double w_elem = dtype_size(p.w1.view.dtype);
-  const double per_expert = (N1 * H + H * I) * w_elem +
-                            (p.w1_scale.view.present() ? double(p.w1_scale.numel() + p.w2_scale.numel()) * 4.0 /
-                                                             double(p.E)
-                                                       : 0.0);
+  const double per_expert = (N1 * H + H * I) * w_elem + double(scale_floats_per_expert(s, p.opts)) * 4.0;
   double touched = 0;
   for (bool t : p.touched) touched += t ? 1 : 0;
   b->bytes = touched * per_expert + 2 * T * H * dtype_size(p.x_dtype);
@@ -531,19 +545,67 @@ void describe_bench(const MoeShape& s, const MoeProblem& p, BenchProblem* b) {
   b->shape = os.str();
 }
 
+#if MOEKIT_WITH_CUDA
+// One fp8 weight matrix [E, N, K] of shape s made ON THE DEVICE: normal values of std 1/sqrt(K) in
+// bf16, `tmp_elems` at a time in `tmp` (whole experts), quantized by the library's CUDA quantize_fp8
+// into `codes` (code_dtype) and `scale`, laid out as make_moe_problem lays them out for the scheme
+// (per tensor [E], per row [E, N, 1], block [E, N / bn, K / bk]). Synchronous.
+Status fill_fp8_weights_device(const MoeShape& s, const MoeProblemOptions& o, DType code_dtype, int64_t E, int64_t N,
+                               int64_t K, void* codes, float* scale, uint16_t* tmp, int64_t tmp_elems, uint64_t seed) {
+  const int64_t per = N * K, chunk = std::max<int64_t>(1, std::min<int64_t>(E, tmp_elems / per));
+  const int64_t bn = o.block, bk = o.block_k > 0 ? o.block_k : o.block;
+  const int64_t nb = (N + bn - 1) / bn, kb = (K + bk - 1) / bk;
+  RunOptions ro;
+  ro.kernel = "quantize_fp8_sm90";
+  for (int64_t e0 = 0; e0 < E; e0 += chunk) {
+    const int64_t c = std::min(chunk, E - e0);
+    MOEKIT_RETURN_IF_ERROR(
+        cuda::fill_normal_device(tmp, DType::bf16, c * per, 1.0f / std::sqrt(float(K)), seed ^ (uint64_t(e0) << 32)));
+    auto* out = static_cast<uint8_t*>(codes) + e0 * per;
+    QuantizeFp8Params q;
+    if (s.scheme == Scheme::fp8_tensor) {  // one scale per expert: one call each
+      q.granularity = QuantGranularity::per_tensor;
+      for (int64_t e = 0; e < c; ++e) {
+        q.in = TensorView::contiguous(tmp + e * per, DType::bf16, {N, K}, Device::cuda);
+        q.out = TensorView::contiguous(out + e * per, code_dtype, {N, K}, Device::cuda);
+        q.scale = TensorView::contiguous(scale + e0 + e, DType::f32, {1}, Device::cuda);
+        MOEKIT_RETURN_IF_ERROR(quantize_fp8(q, ro));
+      }
+      continue;
+    }
+    q.in = TensorView::contiguous(tmp, DType::bf16, {c, N, K}, Device::cuda);
+    q.out = TensorView::contiguous(out, code_dtype, {c, N, K}, Device::cuda);
+    if (s.scheme == Scheme::fp8_channel) {
+      q.granularity = QuantGranularity::per_row;
+      q.scale = TensorView::contiguous(scale + e0 * N, DType::f32, {c, N, 1}, Device::cuda);
+    } else {
+      q.granularity = QuantGranularity::block;
+      q.block_n = int(bn);
+      q.group_k = int(bk);
+      q.scale = TensorView::contiguous(scale + e0 * nb * kb, DType::f32, {c, nb, kb}, Device::cuda);
+    }
+    MOEKIT_RETURN_IF_ERROR(quantize_fp8(q, ro));
+  }
+  return registry().device_ops(Backend::cuda)->synchronize();
+}
+#endif
+
 // The device path: up to kMaxDeviceSets input sets within kDeviceSetBudgetBytes.
-// NOTE: unquantized weights are generated ON THE DEVICE (cuda::fill_normal_device, a different seed
-// per set, std 1/sqrt(H) for w1 and 1/sqrt(I) for w2): on the host, full-size weights take minutes
-// (DeepSeek-V3: 11 G elements per set). The host problem is then generated with I = 1 (same x, same
-// routing, tiny weights). fp8 weights need the quantize recipe and scales: they are generated on
-// the host and copied to every set (same values in separate buffers; what rotation prevents is a
-// replay finding the previous replay's weights in L2, and the bench flushes L2 anyway).
+// NOTE: the weights are generated ON THE DEVICE (cuda::fill_normal_device, a different seed per
+// set, std 1/sqrt(H) for w1 and 1/sqrt(I) for w2; fp8 schemes then quantized there by the
+// library's CUDA quantize_fp8, fill_fp8_weights_device): on the host, full-size weights take
+// minutes (DeepSeek-V3: 11 G elements per set; a DeepSeek-V3 fp8 bench of T = 1..4096 took over
+// 70 s per kernel with host-quantized weights). The host problem is then generated with I = 1
+// (same x, same routing, tiny weights).
+constexpr int64_t kFp8GenTmpElems = int64_t(1) << 28;  // bf16 staging of fill_fp8_weights_device: 512 MiB
+
 Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::unique_ptr<BenchProblem>* out) {
 #if MOEKIT_WITH_CUDA
-  const bool device_weights = !is_fp8_scheme(s.scheme);
+  const bool device_weights = true;
 #else
   const bool device_weights = false;
 #endif
+  [[maybe_unused]] const bool fp8 = is_fp8_scheme(s.scheme);
   MoeShape gen = s;
   if (device_weights) gen.I = 1;
   MoeProblem prob;
@@ -556,10 +618,17 @@ Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::un
 #endif
   const int64_t E = prob.E, H = s.H, I = s.I, N1 = prob.opts.g1u1 ? 2 * I : I;
   const DType wd = prob.w1.view.dtype;
-  const double weight_bytes = double(E) * double(N1 * H + H * I) * dtype_size(wd);
+  const double weight_bytes = double(E) * (double(N1 * H + H * I) * dtype_size(wd) +
+                                           double(scale_floats_per_expert(s, prob.opts)) * 4.0);
   const double per_set = set_bytes(host) + (device_weights ? weight_bytes : 0.0);
   const int sets = int(std::max(1.0, std::min(double(kMaxDeviceSets), std::floor(kDeviceSetBudgetBytes / per_set))));
   b->dev.resize(size_t(sets));
+  [[maybe_unused]] uint16_t* fp8_tmp = nullptr;  // bf16 staging of the fp8 weights before quantization
+#if MOEKIT_WITH_CUDA
+  if (device_weights && fp8) {
+    MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(kFp8GenTmpElems) * 2, reinterpret_cast<void**>(&fp8_tmp)));
+  }
+#endif
   for (int i = 0; i < sets; ++i) {
     FusedMoeParams& d = b->dev[size_t(i)];
     MOEKIT_RETURN_IF_ERROR(mirror_set(b->mirror, host, !device_weights, &d));
@@ -570,8 +639,36 @@ Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::un
       MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * N1 * H) * size_t(dtype_size(wd)), &w1));
       MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(E * H * I) * size_t(dtype_size(wd)), &w2));
       const uint64_t set_seed = seed * 1000003u + uint64_t(i) * 2u;
-      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w1, wd, E * N1 * H, 1.0f / std::sqrt(float(H)), set_seed));
-      MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w2, wd, E * H * I, 1.0f / std::sqrt(float(I)), set_seed + 1));
+      if (fp8) {
+        const MoeProblemOptions& o = prob.opts;
+        const int64_t bn = o.block, bk = o.block_k > 0 ? o.block_k : o.block;
+        auto cdiv = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+        // The scale shapes of make_moe_problem (oracle_fused_moe.cpp) for the real I.
+        std::vector<int64_t> s1{E}, s2{E};
+        if (s.scheme == Scheme::fp8_channel) {
+          s1 = {E, N1, 1};
+          s2 = {E, H, 1};
+        } else if (s.scheme == Scheme::fp8_block) {
+          s1 = {E, cdiv(N1, bn), cdiv(H, bk)};
+          s2 = {E, cdiv(H, bn), cdiv(I, bk)};
+        }
+        int64_t n1 = 1, n2 = 1;
+        for (int64_t v : s1) n1 *= v;
+        for (int64_t v : s2) n2 *= v;
+        void* sc1 = nullptr;
+        void* sc2 = nullptr;
+        MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(n1) * 4, &sc1));
+        MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(size_t(n2) * 4, &sc2));
+        MOEKIT_RETURN_IF_ERROR(fill_fp8_weights_device(s, o, wd, E, N1, H, w1, static_cast<float*>(sc1), fp8_tmp,
+                                                       kFp8GenTmpElems, set_seed));
+        MOEKIT_RETURN_IF_ERROR(fill_fp8_weights_device(s, o, wd, E, H, I, w2, static_cast<float*>(sc2), fp8_tmp,
+                                                       kFp8GenTmpElems, set_seed + 1));
+        d.w1_scale = TensorView::contiguous(sc1, DType::f32, int(s1.size()), s1.data(), Device::cuda);
+        d.w2_scale = TensorView::contiguous(sc2, DType::f32, int(s2.size()), s2.data(), Device::cuda);
+      } else {
+        MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w1, wd, E * N1 * H, 1.0f / std::sqrt(float(H)), set_seed));
+        MOEKIT_RETURN_IF_ERROR(cuda::fill_normal_device(w2, wd, E * H * I, 1.0f / std::sqrt(float(I)), set_seed + 1));
+      }
       d.w1 = TensorView::contiguous(w1, wd, {E, N1, H}, Device::cuda);
       d.w2 = TensorView::contiguous(w2, wd, {E, H, I}, Device::cuda);
     }
