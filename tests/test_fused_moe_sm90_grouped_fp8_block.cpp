@@ -120,6 +120,8 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64SharedMemoryTakesThePresets) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1), 33152);
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(2), 32256);
   for (int subs : {1, 2}) EXPECT_GE(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(subs), 14336);
+  // 5 stages (one N tile per CTA) where K <= 13312: DeepSeek-V3 (7168), Llama-4 (8192), not Mixtral.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5), 13312);
 }
 
 // Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N

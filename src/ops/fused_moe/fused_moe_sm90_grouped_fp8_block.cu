@@ -321,10 +321,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
 // kSubs: N sub-tiles per CTA (mainloop Hook::kSubs); sub-tile 1's weight scale rows follow sub-tile
 // 0's two (lo / hi + 2 KT), and its slices are counted on from KT.
-template <int NT, bool kTwo, int kSubs_ = 1>
+// kStages: the mainloop's pipeline depth (HookStages): 5 where the scales leave room, else 4.
+template <int NT, bool kTwo, int kSubs_ = 1, int kStages_ = grouped::kStages>
 struct BlkPromote {
   static constexpr bool kActive = true;
   static constexpr int kSubs = kSubs_;
+  static constexpr int kStages = kStages_;
   Acc<NT> sum;
   const float* sa;  // shared: activation scales [KT][64], offset by this lane's row lane / 4
   const float* lo;  // shared: [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
@@ -369,20 +371,23 @@ struct BlkPromote {
   }
 };
 
-// Shared bytes of the staged scales behind the BM 64 mainloop's stages for KT K slices and kSubs
-// N sub-tiles (two weight scale rows each), and whether they fit one CTA's shared memory beside the
-// stages (fused_moe_sm90_grouped_fp8_block_bm64_max_k, the header).
+// Shared bytes of the BM 64 mainloop's `stages` stages and of the staged scales behind them for KT K
+// slices and kSubs N sub-tiles (two weight scale rows each), and whether they fit one CTA's shared
+// memory (fused_moe_sm90_grouped_fp8_block_bm64_max_k, the header).
+constexpr int blk_stage_bytes(int stages) { return stages * MmaTile::kStageElems * 2; }
 constexpr size_t blk_mma_scale_bytes(int64_t KT, int kSubs = 1) {
   return size_t((kMmaBM + 2 * kSubs) * KT) * sizeof(float);
 }
-static_assert(kFp8BlockBm64StageBytes == MmaTile::kSmemBytes, "the header's copy of the stage bytes");
-static_assert(MmaTile::kSmemBytes + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1) / kBlk, 1) <=
+static_assert(kFp8BlockBm64StageBytes == MmaTile::kStageElems * 2, "the header's copy of the stage bytes");
+static_assert(blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 4) / kBlk, 1) <=
                   size_t(kFp8BlockBm64MaxSmem) &&
-              MmaTile::kSmemBytes + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(2) / kBlk, 2) <=
+              blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(2, 4) / kBlk, 2) <=
+                  size_t(kFp8BlockBm64MaxSmem) &&
+              blk_stage_bytes(5) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5) / kBlk, 1) <=
                   size_t(kFp8BlockBm64MaxSmem),
-              "the header's K limit keeps the staged scales within one CTA's shared memory");
-inline bool blk_mma_fits(int64_t KT, int kSubs = 1) {
-  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs);
+              "the header's K limits keep the stages and staged scales within one CTA's shared memory");
+inline bool blk_mma_fits(int64_t KT, int kSubs = 1, int stages = grouped::kStages) {
+  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs, stages);
 }
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
@@ -408,9 +413,10 @@ __device__ __forceinline__ void stage_blk_scales(float* s, const float* a_scale,
 
 // The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of sub-tile 0's
 // staged pair.
-template <bool kTwo, int kSubs>
-__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kSubs> blk_promote(const float* s, int KT, int lo, int hi) {
-  BlkPromote<MmaTile::kNT, kTwo, kSubs> pr;
+template <bool kTwo, int kSubs, int kStages>
+__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kSubs, kStages> blk_promote(const float* s, int KT, int lo,
+                                                                                      int hi) {
+  BlkPromote<MmaTile::kNT, kTwo, kSubs, kStages> pr;
   pr.init();
   pr.sa = s + ((threadIdx.x & 31) >> 2);
   pr.lo = s + kMmaBM * KT + lo * KT;
@@ -422,7 +428,7 @@ __device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kSubs> blk_promote(con
 // gemm1 on BM 64 tiles, grid (tiles_max, N tiles / kSubs) as gemm1_fp8_mma_kernel: N tile = 128 gate +
 // 128 up columns (g1u1) or 256 (g1u0), kSubs of them one after the other (kSubs 2: every N tile
 // full, the host checks); a = act(w g) * (w u) (or act(w g)) in f32 from the promoted sums.
-template <bool G1U1, Activation A, int kSubs>
+template <bool G1U1, Activation A, int kSubs, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm1_blk_mma_kernel(BlkArgs p, const uint8_t* xq, const uint8_t* w1) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -452,10 +458,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wrows[2 * j] = ws + int64_t(b0) * KT;
     wrows[2 * j + 1] = ws + int64_t(b1) * KT;
   }
-  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + blk_stage_bytes(kStages));
   stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<G1U1, kSubs>(scales, KT, wlo, G1U1 ? 1 : wlo);
+  auto pr = blk_promote<G1U1, kSubs, kStages>(scales, KT, wlo, G1U1 ? 1 : wlo);
 
   // The epilogue of sub-tile j from the promoted sums. The warp's columns lie in one 32-aligned
   // block and I % 128 == 0: all valid or all past I.
@@ -495,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // gemm2 on BM 64 tiles, grid (tiles_max, H / 256 / kSubs): A = aq rows, B = w2 codes, kSubs N tiles
 // of 256 columns one after the other (kSubs 2: H % 512 == 0, the host checks); y = the promoted sums.
-template <int kSubs>
+template <int kSubs, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm2_blk_mma_kernel(BlkArgs p, const uint8_t* aq, const uint8_t* w2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -520,10 +526,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wrows[2 * j] = ws + int64_t(b0) * KT;
     wrows[2 * j + 1] = ws + int64_t(min(b0 + 1, NB - 1)) * KT;
   }
-  float* scales = reinterpret_cast<float*>(smem_raw + MmaTile::kSmemBytes);
+  float* scales = reinterpret_cast<float*>(smem_raw + blk_stage_bytes(kStages));
   stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<false, kSubs>(scales, KT, wlo, wlo);
+  auto pr = blk_promote<false, kSubs, kStages>(scales, KT, wlo, wlo);
 
   auto epilogue = [&](int j) {
     const int hcj = hc + j * kBN;
@@ -587,24 +593,33 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                           ma2, mb2, g2, n_tiles2);
 }
 
-// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs)) and the quantization of a between
-// them.
-template <int kSubs>
+// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs), kStages-deep pipelines) and the
+// quantization of a between them.
+template <int kSubs, int kStages>
 Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   const unsigned n_tiles1 = unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)), n_tiles2 = unsigned(ceil_div(d.H, kBN));
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs>;
+    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs, kStages>;
   });
+  const size_t stages = size_t(blk_stage_bytes(kStages)) - size_t(MmaTile::kSmemBytes);  // beyond launch_mma's 4
   MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1 / kSubs), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
-                                    static_cast<const uint8_t*>(p.w1.data), blk_mma_scale_bytes(d.H / kBlk, kSubs)));
+                                    static_cast<const uint8_t*>(p.w1.data),
+                                    stages + blk_mma_scale_bytes(d.H / kBlk, kSubs)));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
-  return launch_mma(gemm2_blk_mma_kernel<kSubs>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
+  return launch_mma(gemm2_blk_mma_kernel<kSubs, kStages>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
-                    static_cast<const uint8_t*>(p.w2.data), blk_mma_scale_bytes(d.I / kBlk, kSubs));
+                    static_cast<const uint8_t*>(p.w2.data), stages + blk_mma_scale_bytes(d.I / kBlk, kSubs));
 }
+
+// The pipeline depth of the one-N-tile BM 64 gemms: 5 stages (200 KiB) where the scales of
+// K = max(H, I) still fit beside them (K <= 13312: DeepSeek-V3, Qwen3, Llama-4), else 4 (Mixtral's
+// I = 14336). NOTE: measured on the H200 (2026-12-01, one device call, DeepSeek-V3 fp8_block,
+// fused_moe_sm90_grouped_fp8_block_bm64 with 5 stages for every K): T=8 742 -> 719 us, T=512 3330
+// -> 3334.
+inline int blk_mma_stages(const MoeDims& d) { return blk_mma_fits(std::max(d.H, d.I) / kBlk, 1, 5) ? 5 : 4; }
 
 // Whether the BM 64 gemms can take two N sub-tiles per CTA: every N tile full and their count even
 // (gemm1: I % 256 == 0 for g1u1, I % 512 == 0 for g1u0; gemm2: H % 512 == 0), and the scales of
@@ -640,9 +655,17 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
-  MOEKIT_RETURN_IF_ERROR(bm != kMmaBM   ? run_blk_tma(p, l, g1, g2, base, s)
-                         : subs == 2 ? run_blk_mma<2>(p, l, g1, g2, base, s)
-                                     : run_blk_mma<1>(p, l, g1, g2, base, s));
+  Status gemms;
+  if (bm != kMmaBM) {
+    gemms = run_blk_tma(p, l, g1, g2, base, s);
+  } else if (subs == 2) {
+    gemms = run_blk_mma<2, 4>(p, l, g1, g2, base, s);
+  } else if (blk_mma_stages(d) == 5) {
+    gemms = run_blk_mma<1, 5>(p, l, g1, g2, base, s);
+  } else {
+    gemms = run_blk_mma<1, 4>(p, l, g1, g2, base, s);
+  }
+  MOEKIT_RETURN_IF_ERROR(gemms);
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};

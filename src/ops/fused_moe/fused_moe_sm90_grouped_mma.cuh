@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace moekit::cuda::grouped {
 
@@ -228,6 +229,17 @@ struct NoSubDone {
   __device__ __forceinline__ void operator()(int) const {}
 };
 
+// The mainloop's cp.async pipeline depth: Hook::kStages when the hook has one, else kStages (the
+// shared memory then holds that many stages of Tile<BM>::kStageElems elements).
+template <class H, class = void>
+struct HookStages {
+  static constexpr int value = kStages;
+};
+template <class H>
+struct HookStages<H, std::void_t<decltype(H::kStages)>> {
+  static constexpr int value = H::kStages;
+};
+
 template <class TT, int NT, int MA>
 __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 #pragma unroll
@@ -236,7 +248,8 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
     for (int j = 0; j < NT; ++j) MmaOp<TT>::run(acc.v[mi][j], f.a[mi], f.b[j][0], f.b[j][1]);
 }
 
-// acc = A . B^T over K (K % 64 == 0). `smem` holds Tile<BM>::kSmemBytes; the warp's B 16-column
+// acc = A . B^T over K (K % 64 == 0). `smem` holds Tile<BM>::kSmemBytes (HookStages<Hook> stages of
+// Tile<BM>::kStageElems elements when the hook sets its own depth); the warp's B 16-column
 // groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)) (kSplit = 8 NG for
 // consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups, then the matching up groups). Ends
 // with every cp.async drained and a barrier, so the caller may reuse shared memory.
@@ -275,6 +288,8 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
       for (int q = 0; q < 4; ++q) acc.v[mi][j][q] = 0.0f;
 
   const int KT = K / kBK, KTT = kSubs * KT;  // slices per sub-tile, in all
+  constexpr int kStages = HookStages<Hook>::value;
+  static_assert(kStages * Tl::kStageElems * 2 <= 227 * 1024, "the stages fit one CTA's shared memory");
   // Loads K slice g of the whole sequence (sub-tile g / KT) into the stage at `stage`.
   auto load = [&](uint32_t stage, int g) {
     if constexpr (kSubs == 1) {
