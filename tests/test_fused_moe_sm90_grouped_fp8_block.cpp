@@ -124,6 +124,14 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64SharedMemoryTakesThePresets) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5), 13312);
 }
 
+// K = I = 13440 > 13312: the one-tile BM 64 gemms fall back from 5 to 4 pipeline stages (the
+// Mixtral-sized path; every other test here has K <= 13312 and runs 5).
+TEST(FusedMoeSm90GroupedFp8Block, Bm64FourStagesForLargeK) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440));
+  moe_test::expect_fp8_cuda_matches_ref(prob, kBlock64, kBlock64);
+}
+
 // Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N
 // tiles of 128 gate + 128 up) with the three mainloop widths and a tail tile, the router weight on
 // the input, g1u0 gelu with I = 512 and an expert map, rows of zeros and large values; supports()
