@@ -5,7 +5,8 @@
 // of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
 // (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64TwoNSubTiles runs
-// fused_moe_sm90_grouped_fp8_block_bm64_n2 (two N tiles per CTA in one pipeline) on shapes it takes.
+// fused_moe_sm90_grouped_fp8_block_bm64_n2 (two N tiles per CTA in one pipeline) on shapes it takes,
+// Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@ using moe_test::small_shape;
 constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
 constexpr const char* kBlock64N2 = "fused_moe_sm90_grouped_fp8_block_bm64_n2";
+constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
 
 #define SKIP_WITHOUT_KERNEL()                                            \
   do {                                                                   \
@@ -124,12 +126,32 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64SharedMemoryTakesThePresets) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5), 13312);
 }
 
-// K = I = 13440 > 13312: the one-tile BM 64 gemms fall back from 5 to 4 pipeline stages (the
-// Mixtral-sized path; every other test here has K <= 13312 and runs 5).
+// K = I = 13440 > 13312: the one-tile BM 64 gemms cannot take 5 pipeline stages there (the
+// Mixtral-sized path; blk_mma_stages gives the small shapes of the other tests 4 as well).
 TEST(FusedMoeSm90GroupedFp8Block, Bm64FourStagesForLargeK) {
   SKIP_WITHOUT_KERNEL();
   MoeProblem prob = make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440));
   moe_test::expect_fp8_cuda_matches_ref(prob, kBlock64, kBlock64);
+}
+
+// 5-stage pipelines (_s5): the row counts, the router weight on the input, g1u0 gelu with an expert
+// map, rows of zeros and large values, and gemm1 / gemm2 at different depths (K = 13440 > 13312
+// keeps 4 stages: I for gemm2, then H for gemm1).
+TEST(FusedMoeSm90GroupedFp8Block, Bm64FiveStages) {
+  SKIP_WITHOUT_KERNEL();
+  std::vector<MoeProblem> probs;
+  probs.push_back(make(small_shape(Scheme::fp8_block, 8, 16, 2, 256, 256)));
+  probs.push_back(make(small_shape(Scheme::fp8_block, 227, 6, 1, 256, 384)));
+  moe_test::assign_expert_rows(&probs.back(), {16, 17, 32, 33, 64, 65});
+  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 384, 256);
+  on_input.weight_on_input = true;
+  probs.push_back(make(on_input));
+  probs.push_back(moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 384));
+  probs.push_back(make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256)));
+  moe_test::set_zero_and_large_rows(&probs.back());
+  probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440)));
+  probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 13440, 256)));
+  for (MoeProblem& prob : probs) moe_test::expect_fp8_cuda_matches_ref(prob, kBlock64S5, kBlock64S5);
 }
 
 // Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N

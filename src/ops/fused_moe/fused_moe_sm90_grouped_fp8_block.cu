@@ -19,7 +19,7 @@
 // through the mainloop's slice hook (BlkPromote) from scales staged in shared memory: for experts
 // with up to 16 rows, where a 128-row QGMMA tile is mostly padding (fused_moe_sm90_fp8_block picks
 // the tiles by fused_moe_sm90_grouped_fp8_block_tile_m). fused_moe_sm90_grouped_fp8_block_bm64_n2
-// (compiled only so far) runs two N tiles per CTA in one pipeline (mainloop Hook::kSubs = 2): the
+// runs two N tiles per CTA in one pipeline (mainloop Hook::kSubs = 2): the
 // second tile's first stages load while the first one's epilogue runs, and each CTA's pipeline fill
 // is paid once per two output tiles.
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
@@ -593,33 +593,41 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                           ma2, mb2, g2, n_tiles2);
 }
 
-// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs), kStages-deep pipelines) and the
-// quantization of a between them.
-template <int kSubs, int kStages>
+// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs), pipelines kStages1 (gemm1) and
+// kStages2 (gemm2) deep) and the quantization of a between them.
+template <int kSubs, int kStages1, int kStages2>
 Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   const unsigned n_tiles1 = unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)), n_tiles2 = unsigned(ceil_div(d.H, kBN));
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs, kStages>;
+    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs, kStages1>;
   });
-  const size_t stages = size_t(blk_stage_bytes(kStages)) - size_t(MmaTile::kSmemBytes);  // beyond launch_mma's 4
+  // Shared memory beyond launch_mma's 4 stages.
+  const size_t more1 = size_t(blk_stage_bytes(kStages1)) - size_t(MmaTile::kSmemBytes);
+  const size_t more2 = size_t(blk_stage_bytes(kStages2)) - size_t(MmaTile::kSmemBytes);
   MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1 / kSubs), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
                                     static_cast<const uint8_t*>(p.w1.data),
-                                    stages + blk_mma_scale_bytes(d.H / kBlk, kSubs)));
+                                    more1 + blk_mma_scale_bytes(d.H / kBlk, kSubs)));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
-  return launch_mma(gemm2_blk_mma_kernel<kSubs, kStages>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
+  return launch_mma(gemm2_blk_mma_kernel<kSubs, kStages2>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
-                    static_cast<const uint8_t*>(p.w2.data), stages + blk_mma_scale_bytes(d.I / kBlk, kSubs));
+                    static_cast<const uint8_t*>(p.w2.data), more2 + blk_mma_scale_bytes(d.I / kBlk, kSubs));
 }
 
-// The pipeline depth of the one-N-tile BM 64 gemms: 5 stages (200 KiB) where the scales of
-// K = max(H, I) still fit beside them (K <= 13312: DeepSeek-V3, Qwen3, Llama-4), else 4 (Mixtral's
-// I = 14336). NOTE: measured on the H200 (2026-12-01, one device call, DeepSeek-V3 fp8_block,
-// fused_moe_sm90_grouped_fp8_block_bm64 with 5 stages for every K): T=8 742 -> 719 us, T=512 3330
-// -> 3334.
-inline int blk_mma_stages(const MoeDims& d) { return blk_mma_fits(std::max(d.H, d.I) / kBlk, 1, 5) ? 5 : 4; }
+// The pipeline depth of a one-N-tile BM 64 gemm over K on `ctas` CTAs: 5 stages (200 KiB) for long
+// K loops on large grids where the scales of K still fit beside them (K <= 13312), else 4.
+// force5 (fused_moe_sm90_grouped_fp8_block_bm64_s5): 5 wherever they fit.
+// NOTE: measured on the H200 (2026-12-01, docs/PERF.md; 5 stages for both gemms against 4, default
+// kernel): DeepSeek-V3 T=8 723 vs 729 us (gemm1: 56 K slices, ~1000 CTAs), but T=1 130.5 vs 125.6
+// (gemm1 ~140 CTAs) and Qwen3 T=8 118.3 vs 114.2 (32 K slices); DeepSeek-V3 T=512 a tie. The
+// thresholds sit between those points; _s5 times every shape with 5 to place them better.
+constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinCtas = 6 * 132;
+inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
+  if (!blk_mma_fits(K / kBlk, 1, 5)) return 4;
+  return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinCtas) ? 5 : 4;
+}
 
 // Whether the BM 64 gemms can take two N sub-tiles per CTA: every N tile full and their count even
 // (gemm1: I % 256 == 0 for g1u1, I % 512 == 0 for g1u0; gemm2: H % 512 == 0), and the scales of
@@ -629,9 +637,10 @@ inline bool blk_mma_two_subs_ok(const MoeDims& d) {
          blk_mma_fits(std::max(d.H, d.I) / kBlk, 2);
 }
 
-// subs: N sub-tiles per CTA of the BM 64 gemms (1, or 2 when blk_mma_two_subs_ok).
+// subs: N sub-tiles per CTA of the BM 64 gemms (1, or 2 when blk_mma_two_subs_ok); force5: one-tile
+// BM 64 gemms with 5 stages wherever they fit (blk_mma_stages).
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs) {
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs, bool force5) {
   const MoeDims d = moe_dims(p);
   const Fp8Workspace l = blk_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
@@ -655,17 +664,16 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
-  Status gemms;
-  if (bm != kMmaBM) {
-    gemms = run_blk_tma(p, l, g1, g2, base, s);
-  } else if (subs == 2) {
-    gemms = run_blk_mma<2, 4>(p, l, g1, g2, base, s);
-  } else if (blk_mma_stages(d) == 5) {
-    gemms = run_blk_mma<1, 5>(p, l, g1, g2, base, s);
-  } else {
-    gemms = run_blk_mma<1, 4>(p, l, g1, g2, base, s);
-  }
-  MOEKIT_RETURN_IF_ERROR(gemms);
+  const auto gemms = [&]() -> Status {
+    if (bm != kMmaBM) return run_blk_tma(p, l, g1, g2, base, s);
+    if (subs == 2) return run_blk_mma<2, 4, 4>(p, l, g1, g2, base, s);
+    const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
+    const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
+    const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5) == 5;
+    if (five1) return five2 ? run_blk_mma<1, 5, 5>(p, l, g1, g2, base, s) : run_blk_mma<1, 5, 4>(p, l, g1, g2, base, s);
+    return five2 ? run_blk_mma<1, 4, 5>(p, l, g1, g2, base, s) : run_blk_mma<1, 4, 4>(p, l, g1, g2, base, s);
+  };
+  MOEKIT_RETURN_IF_ERROR(gemms());
 
   ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
                 int(d.H), int(d.k), 1, p.weight_on_input};
@@ -692,13 +700,16 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 
 namespace {
 
-Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1) {
+Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1, bool force5 = false) {
   return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs); });
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs, force5); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
 Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM); }
+Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_blk_bm(p, ctx, grouped::kMmaBM, 1, true);
+}
 
 // Whether the 64-row tiles take p: their scales for K / 128 slices sit in shared memory beside the
 // stages (K = H for gemm1, I for gemm2).
@@ -716,7 +727,7 @@ Status supports_bm64(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-// Two N sub-tiles per CTA (fused_moe_sm90_grouped_fp8_block_bm64_n2): compiled, not yet run on a GPU.
+// Two N sub-tiles per CTA (fused_moe_sm90_grouped_fp8_block_bm64_n2).
 Status supports_bm64_n2(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(supports_bm64(p));
   const MoeDims d = moe_dims(p);
@@ -761,13 +772,20 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
          90, erase_supports<FusedMoeParams, supports_bm64>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
-  // NOTE: priority 80, in no auto kernel: compiled only (2026-12-01). Once its tests pass on an
-  // H200 and it is timed against ..._bm64 (one N tile per CTA), the tile rule may take it.
+  // NOTE: priority 80, in no auto kernel: on the H200 (2026-12-01, docs/PERF.md) its tests pass and
+  // it is 0.5-1% slower than ..._bm64 at DeepSeek-V3 T = 8 / 64 / 512.
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64_n2", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
          "as fused_moe_sm90_grouped_fp8_block_bm64, two N tiles per CTA in one cp.async pipeline (the second "
          "one's loads cover the first one's epilogue); H % 512 == 0",
          80, erase_supports<FusedMoeParams, supports_bm64_n2>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_n2>});
+  // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
+  // against ..._bm64 (whose stage rule, blk_mma_stages, it measures).
+  r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "as fused_moe_sm90_grouped_fp8_block_bm64, 5-stage cp.async pipelines wherever the scales of K leave "
+         "room (K <= 13312)",
+         70, erase_supports<FusedMoeParams, supports_bm64>,
+         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_s5>});
 }
 
 }  // namespace moekit::cuda
