@@ -7,9 +7,11 @@
 //                 the reference (s = max(amax, 1e-12) / 448 per group, codes e4m3fn(v / s)).
 //   3. gemm1      persistent TMA + wgmma kernel (the stage ring and schedule of
 //                 fused_moe_sm90_grouped_tma.cuh) on 128 x 128 tiles: per 128-wide K slice (= one
-//                 scale block) each consumer warpgroup runs wgmma m64n128k32 into temporary
-//                 accumulators, then promotes them into its f32 accumulators times a_scale[row, kb] *
-//                 w_scale[e, nb, kb] (the reference's block_row_dot order). N tile: 64 gate + 64 up
+//                 scale block) each consumer warpgroup runs wgmma m64n128k32 into one of two
+//                 temporary accumulator sets, and while the next slice's group runs into the other,
+//                 promotes them into its f32 accumulators times a_scale[row, kb] * w_scale[e, nb, kb]
+//                 (the reference's block_row_dot order). 384 threads: two consumer warpgroups with
+//                 232 registers each (setmaxnreg) and a producer warpgroup. N tile: 64 gate + 64 up
 //                 columns (g1u1) or 128 (g1u0); a = act(w g) * (w u) in f32 -> workspace.
 //   4. quant a    a re-quantized per (row, 128-group).
 //   5. gemm2      the same mainloop on a (N tile: 128 columns of H); y in f32.
@@ -24,7 +26,7 @@
 // is paid once per two output tiles.
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
-// Resources: 64 + 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
+// Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
 // ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
@@ -62,6 +64,13 @@ constexpr int kBlk = 128;                                  // scale block (N and
 constexpr uint32_t kBoxBytes = 64 * 128;                   // one 64-row B box of 128 codes
 constexpr uint32_t kBlkStageBytes = kWsABytes + 2 * kBoxBytes;  // 32 KiB
 constexpr int kQThreads = 256;
+// The 128-row kernels: two consumer warpgroups and a producer warpgroup (one lane of it issues the
+// TMA loads). setmaxnreg moves registers from the producer (kBlkProducerRegs) to the consumers
+// (kBlkConsumerRegs), who hold the promoted sums and two partial-sum buffers (blk_consume_tile).
+constexpr int kBlkWsThreads = 32 * kWsConsumerWarps + 128;
+constexpr int kBlkProducerRegs = 40, kBlkConsumerRegs = 232;
+static_assert(32 * kWsConsumerWarps * kBlkConsumerRegs + 128 * kBlkProducerRegs <= 65536,
+              "the register file of one SM");
 
 // ---------------------------------------------------------------- workspace layout
 // One scale per 128-group of x and a rows; gemm2 in one K range; M tiles of bm rows (128: TMA +
@@ -133,6 +142,12 @@ struct BlkScales {
 
 // Consumer warpgroup wg: acc (rows 64 wg.. of the tile, 128 columns) = sum over K slices of the
 // slice's wgmma partial sums times a_scale * w_scale.
+// Two partial-sum buffers: slice kt + 1's wgmma group is issued into one before slice kt's partial
+// sums in the other are promoted, so the tensor cores work while this warpgroup promotes (64 + 2 x 64
+// accumulators: the consumers' 232 registers of kBlkWsThreads, setmaxnreg in blk_run).
+// NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
+// tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
+// fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
 __device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, const BlkScales& sc,
                                                  float (&acc)[16][4]) {
   const bool leader = (threadIdx.x & 31) == 0;
@@ -141,35 +156,71 @@ __device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring,
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-  float tmp[16][4];
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;  // overwritten by the first wgmma (scale-d 0)
-  for (int kt = 0; kt < KT; ++kt) {
-    const float s0 = sc.row0 != nullptr ? sc.row0[kt] : 0.0f, s1 = sc.row1 != nullptr ? sc.row1[kt] : 0.0f;
-    const float lo = sc.lo[kt], hi = sc.hi[kt];
-    mbar_wait(sm.full(ring.s), ring.phase);
-    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s) + a_off);
-    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
-    fence_regs(tmp);
+  // Not initialised: each group's first wgmma ignores them (scale-d 0). NOTE: zeroing them let the
+  // compiler share one zero register between an operand of the first group and later copies, which
+  // read it while the group was in flight (ptxas then serializes with an injected wait).
+  float ta[16][4], tb[16][4];
+  // Issues the next slice's wgmma group (the ring's current stage) into t; returns its stage.
+  auto issue = [&](float (&t)[16][4]) {
+    const int st = ring.s;
+    mbar_wait(sm.full(st), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(st));
+    fence_regs(t);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(tmp, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(tmp);
-    if (leader) mbar_arrive(sm.empty(ring.s));
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
+    wgmma_commit();  // t stays untouched until the wait that retires this group (fence_regs there)
     ring.next();
+    return st;
+  };
+  // Slice kt's scales: loaded before the issue / wait that precede its promotion (the waits are
+  // memory barriers to the compiler, so a load placed after one waits its latency out there).
+  struct Sc {
+    float s0, s1, lo, hi;
+  };
+  auto scales = [&](int kt) {
+    return Sc{sc.row0 != nullptr ? sc.row0[kt] : 0.0f, sc.row1 != nullptr ? sc.row1[kt] : 0.0f, sc.lo[kt], sc.hi[kt]};
+  };
+  // Slice kt's partial sums (cur, its group retired; from stage st) into acc; the stage is released.
+  auto promote = [&](float (&cur)[16][4], const Sc& f, int st) {
+    const float s0 = f.s0, s1 = f.s1, lo = f.lo, hi = f.hi;
+    fence_regs(cur);
+    if (leader) mbar_arrive(sm.empty(st));
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float c = j < 8 ? lo : hi;
       const float f0 = s0 * c, f1 = s1 * c;
-      acc[j][0] += tmp[j][0] * f0;
-      acc[j][1] += tmp[j][1] * f0;
-      acc[j][2] += tmp[j][2] * f1;
-      acc[j][3] += tmp[j][3] * f1;
+      acc[j][0] += cur[j][0] * f0;
+      acc[j][1] += cur[j][1] * f0;
+      acc[j][2] += cur[j][2] * f1;
+      acc[j][3] += cur[j][3] * f1;
     }
+  };
+  // NOTE: every exit of the loop follows a wait<0>, and at its head exactly ta's group is pending:
+  // ptxas tracks the groups per path and otherwise injects waits that serialize the wgmma.
+  int kt = 0, sa = issue(ta), sb = 0;
+  while (true) {
+    Sc f = scales(kt);
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      promote(ta, f, sa);
+      break;
+    }
+    sb = issue(tb);
+    wgmma_wait<1>();  // ta's group (the older one) retired
+    promote(ta, f, sa);
+    ++kt;
+    f = scales(kt);
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      promote(tb, f, sb);
+      break;
+    }
+    sa = issue(ta);
+    wgmma_wait<1>();
+    promote(tb, f, sb);
+    ++kt;
   }
 }
 
@@ -196,8 +247,9 @@ __device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
   WsRing ring;
-  if (warp == kWsConsumerWarps) {  // producer
-    if (lane != 0) return;
+  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
+    setmaxnreg_dec<kBlkProducerRegs>();
+    if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int m, n, row0, b0, b1;
       ws_tile(t, num_m, n_tiles, m, n);
@@ -206,6 +258,7 @@ __device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma,
     }
     return;
   }
+  setmaxnreg_inc<kBlkConsumerRegs>();
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     int m, n, blo, bhi;
     ws_tile(t, num_m, n_tiles, m, n);
@@ -224,7 +277,7 @@ __device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma,
 // gemm1: ma = xq [Tk, H], mb = w1 as [E * N1, H] (boxes of 64 rows): g1u1 N tile = gate rows
 // [i0, i0 + 64) + up rows [I + i0, ...), i0 = 64 n; g1u0: rows [i0, i0 + 128), i0 = 128 n.
 template <bool G1U1, Activation A>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -273,7 +326,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 // gemm2: ma = aq [Tk, I], mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H rows [h0, h0 + 128).
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -586,11 +639,11 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel(fn1, grid(l.tiles_max * n_tiles1), s,
-                                          "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, 0, s,
+                                              "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), s, "fused_moe_sm90_grouped_fp8_block gemm2",
-                          ma2, mb2, g2, n_tiles2);
+  return launch_ws_kernel_cfg(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), kBlkWsThreads, 0, s,
+                              "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 
 // The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs), pipelines kStages1 (gemm1) and

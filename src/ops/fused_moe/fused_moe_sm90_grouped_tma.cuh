@@ -114,6 +114,18 @@ __device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw)
   return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + kWsStages * kWsStageBytes + 2 * kWsStages * 8;
 }
 
+// Register reallocation between warpgroups (sm_90a; every warp of the warpgroup executes it): the
+// producer gives registers back (dec), the consumers take them (inc); ptxas allocates the code after
+// each up to the new count.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // One thread initialises the barriers; the caller then synchronises the CTA.
 __device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
 #pragma unroll
@@ -248,15 +260,20 @@ __device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, 
 }
 
 // ---------------------------------------------------------------- host side of the WS kernels
-// Launches a persistent WS kernel (kWsThreads threads, kWsSmemBytes + extra_smem of dynamic shared memory) on
-// `grid` CTAs; errors name `what`.
+// Launches a persistent WS kernel (kWsThreads threads, or `threads` for _cfg; kWsSmemBytes +
+// extra_smem of dynamic shared memory) on `grid` CTAs; errors name `what`.
+template <class... P, class... A>
+inline Status launch_ws_kernel_cfg(void (*fn)(P...), unsigned grid, int threads, int extra_smem, cudaStream_t s,
+                                   const char* what, A&&... args) {
+  const int bytes = kWsSmemBytes + extra_smem;
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
+  fn<<<grid, threads, bytes, s>>>(std::forward<A>(args)...);
+  return last_launch(what);
+}
 template <class... P, class... A>
 inline Status launch_ws_kernel_extra(void (*fn)(P...), unsigned grid, int extra_smem, cudaStream_t s, const char* what,
                                      A&&... args) {
-  const int bytes = kWsSmemBytes + extra_smem;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
-  fn<<<grid, kWsThreads, bytes, s>>>(std::forward<A>(args)...);
-  return last_launch(what);
+  return launch_ws_kernel_cfg(fn, grid, kWsThreads, extra_smem, s, what, std::forward<A>(args)...);
 }
 template <class... P, class... A>
 inline Status launch_ws_kernel(void (*fn)(P...), unsigned grid, cudaStream_t s, const char* what, A&&... args) {
