@@ -1,0 +1,251 @@
+// The 128-row gemms of fused_moe_sm90_grouped_fp8_block (steps 3 and 5 of its .cu's header): the
+// persistent schedule of fused_moe_sm90_grouped_tma.cuh (stage ring, TMA producer, ws_tile order)
+// with a block-scaled consumer (wgmma m64n128k32 partial sums per 128-wide K slice, promoted into
+// f32 accumulators times the slice's activation and weight scales).
+// Included by fused_moe_sm90_grouped_fp8_block.cu inside its anonymous namespace (uses its kBlk,
+// kBoxBytes, kBlkStageBytes and BlkArgs).
+// Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
+#pragma once
+
+// The 128-row kernels: two consumer warpgroups and a producer warpgroup (one lane of it issues the
+// TMA loads). setmaxnreg moves registers from the producer (kBlkProducerRegs) to the consumers
+// (kBlkConsumerRegs), who hold the promoted sums and two partial-sum buffers (blk_consume_tile).
+constexpr int kBlkWsThreads = 32 * kWsConsumerWarps + 128;
+constexpr int kBlkProducerRegs = 40, kBlkConsumerRegs = 232;
+static_assert(32 * kWsConsumerWarps * kBlkConsumerRegs + 128 * kBlkProducerRegs <= 65536,
+              "the register file of one SM");
+
+// ---------------------------------------------------------------- mainloop
+__device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+// Producer (one thread): K slices of A rows [row0, row0 + 128) and the two 64-row B boxes at
+// b_row0 / b_row1, for one tile.
+__device__ __forceinline__ void blk_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
+                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
+    const uint32_t full = sm.full(ring.s);
+    mbar_arrive_expect_tx(full, kBlkStageBytes);
+    tma_load_2d(sm.a(ring.s), ma, kt * kBlk, row0, full);
+    tma_load_2d(sm.b(ring.s), mb, kt * kBlk, b_row0, full);
+    tma_load_2d(sm.b(ring.s) + kBoxBytes, mb, kt * kBlk, b_row1, full);
+    ring.next();
+  }
+}
+
+// Scales a consumer thread applies per K slice kt: its two rows' activation scales (nullptr: a
+// padding row past the rows, treated as 0) and the weight scales of the tile's low (columns 0..63)
+// and high (64..127) halves; each row of KT values.
+struct BlkScales {
+  const float* row0;
+  const float* row1;
+  const float* lo;
+  const float* hi;
+};
+
+// Consumer warpgroup wg: acc (rows 64 wg.. of the tile, 128 columns) = sum over K slices of the
+// slice's wgmma partial sums times a_scale * w_scale.
+// Two partial-sum buffers: slice kt + 1's wgmma group is issued into one before slice kt's partial
+// sums in the other are promoted, so the tensor cores work while this warpgroup promotes (64 + 2 x 64
+// accumulators: the consumers' 232 registers of kBlkWsThreads, setmaxnreg in blk_run).
+// NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
+// tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
+// fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
+__device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, const BlkScales& sc,
+                                                 float (&acc)[16][4]) {
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t a_off = uint32_t(wg) * 64 * 128;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+  // Not initialised: each group's first wgmma ignores them (scale-d 0). NOTE: zeroing them let the
+  // compiler share one zero register between an operand of the first group and later copies, which
+  // read it while the group was in flight (ptxas then serializes with an injected wait).
+  float ta[16][4], tb[16][4];
+  // Issues the next slice's wgmma group (the ring's current stage) into t; returns its stage.
+  auto issue = [&](float (&t)[16][4]) {
+    const int st = ring.s;
+    mbar_wait(sm.full(st), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(st));
+    fence_regs(t);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
+    wgmma_commit();  // t stays untouched until the wait that retires this group (fence_regs there)
+    ring.next();
+    return st;
+  };
+  // Slice kt's scales: loaded before the issue / wait that precede its promotion (the waits are
+  // memory barriers to the compiler, so a load placed after one waits its latency out there).
+  struct Sc {
+    float s0, s1, lo, hi;
+  };
+  auto scales = [&](int kt) {
+    return Sc{sc.row0 != nullptr ? sc.row0[kt] : 0.0f, sc.row1 != nullptr ? sc.row1[kt] : 0.0f, sc.lo[kt], sc.hi[kt]};
+  };
+  // Slice kt's partial sums (cur, its group retired; from stage st) into acc; the stage is released.
+  auto promote = [&](float (&cur)[16][4], const Sc& f, int st) {
+    const float s0 = f.s0, s1 = f.s1, lo = f.lo, hi = f.hi;
+    fence_regs(cur);
+    if (leader) mbar_arrive(sm.empty(st));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float c = j < 8 ? lo : hi;
+      const float f0 = s0 * c, f1 = s1 * c;
+      acc[j][0] += cur[j][0] * f0;
+      acc[j][1] += cur[j][1] * f0;
+      acc[j][2] += cur[j][2] * f1;
+      acc[j][3] += cur[j][3] * f1;
+    }
+  };
+  // NOTE: every exit of the loop follows a wait<0>, and at its head exactly ta's group is pending:
+  // ptxas tracks the groups per path and otherwise injects waits that serialize the wgmma.
+  int kt = 0, sa = issue(ta), sb = 0;
+  while (true) {
+    Sc f = scales(kt);
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      promote(ta, f, sa);
+      break;
+    }
+    sb = issue(tb);
+    wgmma_wait<1>();  // ta's group (the older one) retired
+    promote(ta, f, sa);
+    ++kt;
+    f = scales(kt);
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      promote(tb, f, sb);
+      break;
+    }
+    sa = issue(ta);
+    wgmma_wait<1>();
+    promote(tb, f, sb);
+    ++kt;
+  }
+}
+
+// The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b0, b1),
+// wblocks(m, n, lo_block, hi_block) -> the weight scale rows, epi(m, n, acc).
+template <class Boxes, class WBlocks, class Epi>
+__device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
+                                        const BlkArgs& p, int n_tiles, int K, int N, Boxes boxes, WBlocks wblocks,
+                                        Epi epi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
+  WsRing ring;
+  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
+    setmaxnreg_dec<kBlkProducerRegs>();
+    if (warp != kWsConsumerWarps || lane != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int m, n, row0, b0, b1;
+      ws_tile(t, num_m, n_tiles, m, n);
+      boxes(m, n, row0, b0, b1);
+      blk_produce_tile(sm, ring, ma, mb, row0, b0, b1, KT);
+    }
+    return;
+  }
+  setmaxnreg_inc<kBlkConsumerRegs>();
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int m, n, blo, bhi;
+    ws_tile(t, num_m, n_tiles, m, n);
+    wblocks(m, n, blo, bhi);
+    const int e = p.tile_expert[m], r0 = p.tile_row0[m] + warp * 16 + (lane >> 2);
+    const float* ws = p.w_scale + int64_t(e) * NB * KT;
+    BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT : nullptr,
+                 r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT : nullptr, ws + int64_t(blo) * KT,
+                 ws + int64_t(bhi) * KT};
+    float acc[16][4];
+    blk_consume_tile(sm, ring, warp >> 2, KT, sc, acc);
+    epi(m, n, acc);
+  }
+}
+
+// gemm1: ma = xq [Tk, H], mb = w1 as [E * N1, H] (boxes of 64 rows): g1u1 N tile = gate rows
+// [i0, i0 + 64) + up rows [I + i0, ...), i0 = 64 n; g1u0: rows [i0, i0 + 128), i0 = 128 n.
+template <bool G1U1, Activation A>
+__global__ void __launch_bounds__(kBlkWsThreads, 1)
+    gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? 64 : 128;
+  blk_run(
+      sm, &ma, &mb, p, n_tiles, p.H, n1,
+      [&](int m, int n, int& row0, int& b0, int& b1) {
+        const int e = p.tile_expert[m], i0 = n * nb;
+        row0 = p.tile_row0[m];
+        b0 = e * n1 + i0;
+        b1 = G1U1 ? e * n1 + p.I + i0 : b0 + 64;
+      },
+      [&](int, int n, int& lo, int& hi) {
+        const int i0 = n * nb;
+        lo = i0 / kBlk;
+        hi = G1U1 ? (p.I + i0) / kBlk : lo;
+      },
+      [&](int m, int n, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          const int row = row0 + rl;
+          const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+          float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+          if constexpr (G1U1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float g0 = acc[j][2 * h] * w, g1 = acc[j][2 * h + 1] * w;
+              const float u0 = acc[j + 8][2 * h] * w, u1 = acc[j + 8][2 * h + 1] * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              *reinterpret_cast<float2*>(orow + 8 * j) =
+                  make_float2(act<A>(acc[j][2 * h] * w), act<A>(acc[j][2 * h + 1] * w));
+            }
+          }
+        }
+      });
+}
+
+// gemm2: ma = aq [Tk, I], mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H rows [h0, h0 + 128).
+__global__ void __launch_bounds__(kBlkWsThreads, 1)
+    gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
+                     int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  blk_run(
+      sm, &ma, &mb, p, n_tiles, p.I, p.H,
+      [&](int m, int n, int& row0, int& b0, int& b1) {
+        row0 = p.tile_row0[m];
+        b0 = p.tile_expert[m] * p.H + n * kBlk;
+        b1 = b0 + 64;
+      },
+      [&](int, int n, int& lo, int& hi) { lo = hi = n; },
+      [&](int m, int n, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBlk;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          if (rl >= nrows) continue;
+          float* yrow = p.out + int64_t(row0 + rl) * p.H + h0 + c0;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+          }
+        }
+      });
+}
