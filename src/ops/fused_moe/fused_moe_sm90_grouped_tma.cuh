@@ -13,9 +13,10 @@
 // the next tile while the consumers run the epilogue of this one.
 // Consumer per slice: wait full[s]; 4 x wgmma k16; commit; wait until <= 1 wgmma group is pending
 // (so the tensor pipe always has the next group queued); release the stage of the previous slice.
-// NOTE: launch bounds (288, 1) give every thread at most 168 registers (ptxas: the 9 warps spread
-// 3 / 2 / 2 / 2 over the SM's four 16K-register quarters, 3 x 32 x 168 <= 16384); the consumers
-// run close to that, so epilogues keep per-column data in shared memory, not registers.
+// NOTE: with launch bounds (288, 1) ptxas gives every thread at most 168 registers (it spills at
+// 168, not at 65536 / 288), so the consumers run close to their limit and the epilogues keep
+// per-column data in shared memory, not registers. setmaxnreg lifts the limit (384 threads:
+// fused_moe_sm90_grouped_fp8_block_tma.cuh).
 // The tile layout in shared memory is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B for boxes of
 // 64 x 128 (src/cuda/tensor_map.h): 8-row atoms of 1024 bytes, 16-byte chunks XOR (row % 8), the
 // layout of wgmma_desc_sw128. Two 128-row B boxes side by side form the 256-row B tile.
