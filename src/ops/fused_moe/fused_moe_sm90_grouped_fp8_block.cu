@@ -403,10 +403,10 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, 0, s,
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, kBlkSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), kBlkWsThreads, 0, s,
+  return launch_ws_kernel_cfg(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), kBlkWsThreads, kBlkSmemBytes, s,
                               "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 

@@ -14,6 +14,17 @@ constexpr int kBlkWsThreads = 32 * kWsConsumerWarps + 128;
 constexpr int kBlkProducerRegs = 40, kBlkConsumerRegs = 232;
 static_assert(32 * kWsConsumerWarps * kBlkConsumerRegs + 128 * kBlkProducerRegs <= 65536,
               "the register file of one SM");
+// The stage ring: kBlkStages stages of 32 KiB (A 128 x 128 codes + two 64-row B boxes), in the
+// shared memory that holds 4 of the 48 KiB stages of the 128 x 256 kernels and more.
+// NOTE: a slice of a 128 x 128 tile is half the MMA work of a 128 x 256 one, and each consumer
+// warpgroup holds two stages (double-buffered partial sums): with the 48 KiB ring's 4 stages the
+// producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
+// latency of a TMA load from L2 / DRAM under load.
+constexpr int kBlkStages = 7;
+using BlkSmem = WsSmemT<kBlkStages, kBlkStageBytes>;
+using BlkRing = WsRingT<kBlkStages>;
+constexpr int kBlkSmemBytes = ws_smem_bytes<BlkSmem>();
+static_assert(kBlkSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
 
 // ---------------------------------------------------------------- mainloop
 __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
@@ -25,7 +36,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
 
 // Producer (one thread): K slices of A rows [row0, row0 + 128) and the two 64-row B boxes at
 // b_row0 / b_row1, for one tile.
-__device__ __forceinline__ void blk_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
+__device__ __forceinline__ void blk_produce_tile(const BlkSmem& sm, BlkRing& ring, const CUtensorMap* ma,
                                                  const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
   for (int kt = 0; kt < KT; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
@@ -56,7 +67,7 @@ struct BlkScales {
 // NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
 // tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
 // fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
-__device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, const BlkScales& sc,
+__device__ __forceinline__ void blk_consume_tile(const BlkSmem& sm, BlkRing& ring, int wg, int KT, const BlkScales& sc,
                                                  float (&acc)[16][4]) {
   const bool leader = (threadIdx.x & 31) == 0;
   const uint32_t a_off = uint32_t(wg) * 64 * 128;
@@ -82,8 +93,11 @@ __device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring,
     ring.next();
     return st;
   };
-  // Slice kt's scales: loaded before the issue / wait that precede its promotion (the waits are
-  // memory barriers to the compiler, so a load placed after one waits its latency out there).
+  // Slice kt's scales. NOTE: loaded a slice ahead (slice kt + 2's right after slice kt's promotion,
+  // kept in registers until slice kt + 2 is promoted), so two groups' time covers their latency: the
+  // waits are memory barriers to the compiler, and loads placed just before them (one group's cover)
+  // left the consumers stalled on global loads (ncu, Mixtral T=4096: long scoreboard 1.2 cycles per
+  // issued instruction, tensor pipe 56% busy).
   struct Sc {
     float s0, s1, lo, hi;
   };
@@ -108,26 +122,27 @@ __device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring,
   // NOTE: every exit of the loop follows a wait<0>, and at its head exactly ta's group is pending:
   // ptxas tracks the groups per path and otherwise injects waits that serialize the wgmma.
   int kt = 0, sa = issue(ta), sb = 0;
+  Sc fa = scales(0), fb = scales(KT > 1 ? 1 : 0);  // the scales of ta's and tb's next slices
   while (true) {
-    Sc f = scales(kt);
     if (kt + 1 >= KT) {
       wgmma_wait<0>();
-      promote(ta, f, sa);
+      promote(ta, fa, sa);
       break;
     }
     sb = issue(tb);
     wgmma_wait<1>();  // ta's group (the older one) retired
-    promote(ta, f, sa);
+    promote(ta, fa, sa);
+    if (kt + 2 < KT) fa = scales(kt + 2);
     ++kt;
-    f = scales(kt);
     if (kt + 1 >= KT) {
       wgmma_wait<0>();
-      promote(tb, f, sb);
+      promote(tb, fb, sb);
       break;
     }
     sa = issue(ta);
     wgmma_wait<1>();
-    promote(tb, f, sb);
+    promote(tb, fb, sb);
+    if (kt + 2 < KT) fb = scales(kt + 2);
     ++kt;
   }
 }
@@ -135,12 +150,12 @@ __device__ __forceinline__ void blk_consume_tile(const WsSmem& sm, WsRing& ring,
 // The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b0, b1),
 // wblocks(m, n, lo_block, hi_block) -> the weight scale rows, epi(m, n, acc).
 template <class Boxes, class WBlocks, class Epi>
-__device__ __forceinline__ void blk_run(const WsSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
+__device__ __forceinline__ void blk_run(const BlkSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                         const BlkArgs& p, int n_tiles, int K, int N, Boxes boxes, WBlocks wblocks,
                                         Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
-  WsRing ring;
+  BlkRing ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
     setmaxnreg_dec<kBlkProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
@@ -175,7 +190,7 @@ __global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const BlkSmem sm = ws_setup<BlkSmem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? 64 : 128;
   blk_run(
@@ -224,7 +239,7 @@ __global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const BlkSmem sm = ws_setup<BlkSmem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   blk_run(
       sm, &ma, &mb, p, n_tiles, p.I, p.H,

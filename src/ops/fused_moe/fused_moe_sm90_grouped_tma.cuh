@@ -100,14 +100,27 @@ __device__ __forceinline__ void ws_tile(int t, int num_m, int n_tiles, int& m, i
   n = r / mg;
 }
 
-// Shared-memory addresses of stage s and its barriers; `base` is the 1024-byte aligned start.
-struct WsSmem {
+// Shared-memory addresses of stage s and its barriers; `base` is the 1024-byte aligned start. A ring
+// of kStages stages of kStageBytes each (A first, B kWsABytes after it), then 2 kStages mbarriers.
+// WsSmem: the 48 KiB stages of the 128 x 256 tiles; the 128 x 128 tiles of the block-scaled fp8
+// kernels use 32 KiB stages and more of them (fused_moe_sm90_grouped_fp8_block_tma.cuh).
+template <int kStages_ = kWsStages, uint32_t kStageBytes_ = kWsStageBytes>
+struct WsSmemT {
+  static constexpr int kStages = kStages_;
+  static constexpr uint32_t kStageBytes = kStageBytes_;
   uint32_t base;
-  __device__ __forceinline__ uint32_t a(int s) const { return base + uint32_t(s) * kWsStageBytes; }
+  __device__ __forceinline__ uint32_t a(int s) const { return base + uint32_t(s) * kStageBytes; }
   __device__ __forceinline__ uint32_t b(int s) const { return a(s) + kWsABytes; }
-  __device__ __forceinline__ uint32_t full(int s) const { return base + kWsStages * kWsStageBytes + 8u * s; }
-  __device__ __forceinline__ uint32_t empty(int s) const { return full(kWsStages) + 8u * s; }
+  __device__ __forceinline__ uint32_t full(int s) const { return base + kStages * kStageBytes + 8u * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return full(kStages) + 8u * s; }
 };
+using WsSmem = WsSmemT<>;
+// Dynamic shared memory of a ring: alignment slack + the stages + the barriers.
+template <class Sm>
+constexpr int ws_smem_bytes() {
+  return int(kSw128AtomBytes + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8);
+}
+static_assert(ws_smem_bytes<WsSmem>() == kWsSmemBytes, "one formula");
 
 // The dynamic shared memory after the stages and the barriers (8-byte aligned): the extra_smem
 // bytes of launch_ws_kernel_extra, for the kernel's own use.
@@ -128,9 +141,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // One thread initialises the barriers; the caller then synchronises the CTA.
-__device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
+template <class Sm>
+__device__ __forceinline__ void ws_init_barriers(const Sm& sm) {
 #pragma unroll
-  for (int s = 0; s < kWsStages; ++s) {
+  for (int s = 0; s < Sm::kStages; ++s) {
     mbar_init(sm.full(s), 1);
     mbar_init(sm.empty(s), kWsConsumerWarps);
   }
@@ -138,8 +152,9 @@ __device__ __forceinline__ void ws_init_barriers(const WsSmem& sm) {
 }
 
 // Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched.
-__device__ __forceinline__ WsSmem ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
-  const WsSmem sm{smem_addr(align_smem_1024(smem_raw))};
+template <class Sm = WsSmem>
+__device__ __forceinline__ Sm ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
+  const Sm sm{smem_addr(align_smem_1024(smem_raw))};
   if (threadIdx.x == 0) ws_init_barriers(sm);
   if (threadIdx.x == 32 * kWsConsumerWarps) {
     tma_prefetch_desc(ma);
@@ -149,17 +164,19 @@ __device__ __forceinline__ WsSmem ws_setup(unsigned char* smem_raw, const CUtens
   return sm;
 }
 
-// Position in the stage ring (stage index and the parity of its current phase).
-struct WsRing {
+// Position in a ring of kStages stages (stage index and the parity of its current phase).
+template <int kStages = kWsStages>
+struct WsRingT {
   int s = 0;
   uint32_t phase = 0;
   __device__ __forceinline__ void next() {
-    if (++s == kWsStages) {
+    if (++s == kStages) {
       s = 0;
       phase ^= 1u;
     }
   }
 };
+using WsRing = WsRingT<>;
 
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + 128) and of the two 128-row
 // B boxes at b_row0 / b_row1, for one tile, into the ring. A slice is 128 bytes of K: `slice`
@@ -261,12 +278,11 @@ __device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, 
 }
 
 // ---------------------------------------------------------------- host side of the WS kernels
-// Launches a persistent WS kernel (kWsThreads threads, or `threads` for _cfg; kWsSmemBytes +
-// extra_smem of dynamic shared memory) on `grid` CTAs; errors name `what`.
+// Launches a persistent WS kernel on `grid` CTAs: _cfg with `threads` threads and `bytes` of dynamic
+// shared memory, _extra with kWsThreads and kWsSmemBytes + extra_smem; errors name `what`.
 template <class... P, class... A>
-inline Status launch_ws_kernel_cfg(void (*fn)(P...), unsigned grid, int threads, int extra_smem, cudaStream_t s,
+inline Status launch_ws_kernel_cfg(void (*fn)(P...), unsigned grid, int threads, int bytes, cudaStream_t s,
                                    const char* what, A&&... args) {
-  const int bytes = kWsSmemBytes + extra_smem;
   MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
   fn<<<grid, threads, bytes, s>>>(std::forward<A>(args)...);
   return last_launch(what);
@@ -274,7 +290,7 @@ inline Status launch_ws_kernel_cfg(void (*fn)(P...), unsigned grid, int threads,
 template <class... P, class... A>
 inline Status launch_ws_kernel_extra(void (*fn)(P...), unsigned grid, int extra_smem, cudaStream_t s, const char* what,
                                      A&&... args) {
-  return launch_ws_kernel_cfg(fn, grid, kWsThreads, extra_smem, s, what, std::forward<A>(args)...);
+  return launch_ws_kernel_cfg(fn, grid, kWsThreads, kWsSmemBytes + extra_smem, s, what, std::forward<A>(args)...);
 }
 template <class... P, class... A>
 inline Status launch_ws_kernel(void (*fn)(P...), unsigned grid, cudaStream_t s, const char* what, A&&... args) {
