@@ -27,8 +27,8 @@
 // is paid once per two output tiles.
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
-// Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); each stage uses 32 KiB of the
-// ring's 48 KiB (A 128 rows + two 64-row B boxes of 128 codes). BM 64 (ptxas, nvcc 13.0): 255
+// Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
+// (A 128 rows + two 64-row B boxes of 128 codes; kBlkStages in the _tma.cuh). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
