@@ -7,6 +7,10 @@
 // registers m16n8k16 bf16 does: A rows g and g+8 at bytes 4t..4t+3 and 16+4t..16+4t+3 of a 32-byte
 // K step, B the same along K, C the same (g = lane / 4, t = lane % 4), so only the instruction
 // differs.
+// NOTE: on sm_90 mma.sync on e4m3 is no native instruction: ptxas (CUDA 13.0) emits two HMMA
+// m16n8k16 per MMA and decodes both operands with F2FP every time (SASS of these kernels); at
+// DeepSeek-V3 T=512 fp8_block the BM 64 gemms keep the ALU pipe 37-40% busy with it (ncu,
+// docs/PERF.md, 2026-12-01 fourth section). Native fp8 on Hopper is wgmma (QGMMA).
 #pragma once
 
 #include <cuda_runtime.h>
