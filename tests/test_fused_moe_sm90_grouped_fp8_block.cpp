@@ -6,7 +6,8 @@
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
 // (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64TwoNSubTiles runs
 // fused_moe_sm90_grouped_fp8_block_bm64_n2 (two N tiles per CTA in one pipeline) on shapes it takes,
-// Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit).
+// Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
+// Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -30,6 +31,7 @@ constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
 constexpr const char* kBlock64N2 = "fused_moe_sm90_grouped_fp8_block_bm64_n2";
 constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
+constexpr const char* kTma64 = "fused_moe_sm90_grouped_fp8_block_tma64";
 
 #define SKIP_WITHOUT_KERNEL()                                            \
   do {                                                                   \
@@ -183,6 +185,39 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64TwoNSubTiles) {
     moe_test::expect_device_supports(*n2, s, false);
     moe_test::expect_device_supports(*one, s, true);
   }
+}
+
+// 64 x 256 TMA tiles: one or two rows per expert, the row counts around the warp rows and the tile
+// edge (16, 17, 32, 33, 64, 65: a second M tile), several M tiles per expert, the router weight on
+// the input, g1u0 gelu with an expert map (I = 512: two N tiles of 256), rows of zeros and large
+// values; both warpgroups' column halves (g1u1: gate and up columns 64 wg..; gemm2: H rows 128 wg..).
+TEST(FusedMoeSm90GroupedFp8Block, Tma64RowCounts) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem few = make(small_shape(Scheme::fp8_block, 8, 16, 2, 256, 256));
+  moe_test::expect_fp8_cuda_matches_ref(few, kTma64, kTma64);
+  MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 256, 384));
+  moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
+  moe_test::expect_fp8_cuda_matches_ref(widths, kTma64, kTma64);
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem many = make(small_shape(Scheme::fp8_block, 400, 6, 2, 256, 384));
+  moe_test::expect_fp8_cuda_matches_ref(many, kTma64, kTma64);
+  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 512, 256);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  moe_test::expect_fp8_cuda_matches_ref(tkw1, kTma64, kTma64);
+  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 512);
+  moe_test::expect_fp8_cuda_matches_ref(g1u0, kTma64, kTma64);
+  MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
+  moe_test::set_zero_and_large_rows(&zl);
+  moe_test::expect_fp8_cuda_matches_ref(zl, kTma64, kTma64);
+  // supports() on device tensors: whole 256-column N tiles only.
+  const Kernel* k = registry().find(kTma64);
+  ASSERT_NE(k, nullptr);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
 }  // namespace

@@ -28,7 +28,7 @@
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
-// (A 128 rows + two 64-row B boxes of 128 codes; kBlkStages in the _tma.cuh). BM 64 (ptxas, nvcc 13.0): 255
+// (A 128 rows + two 64-row B boxes of 128 codes; BlkCfg in the _tma.cuh). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
@@ -63,7 +63,6 @@ namespace {
 
 constexpr int kBlk = 128;                                  // scale block (N and K) = one K slice of codes
 constexpr uint32_t kBoxBytes = 64 * 128;                   // one 64-row B box of 128 codes
-constexpr uint32_t kBlkStageBytes = kWsABytes + 2 * kBoxBytes;  // 32 KiB
 constexpr int kQThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
@@ -380,33 +379,35 @@ Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkA
                     base + l.aq, reinterpret_cast<float*>(base + l.sa));
 }
 
-// The BM 128 gemms and the quantization of a between them: persistent TMA + wgmma kernels (one CTA
-// per SM at most).
+// The TMA gemms (kBM-row tiles, fused_moe_sm90_grouped_fp8_block_tma.cuh) and the quantization of a
+// between them: persistent TMA + wgmma kernels (one CTA per SM at most).
+template <int kBM>
 Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
+  using C = BlkCfg<kBM>;
   const MoeDims d = moe_dims(p);
   CUtensorMap ma1, mb1, ma2, mb2;
   constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, base + l.xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H),
-                                              128, "fused_moe_sm90_grouped_fp8_block xq"));
+                                              kBM, "fused_moe_sm90_grouped_fp8_block xq"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), uint64_t(d.H),
                                               uint64_t(d.H), 64, "fused_moe_sm90_grouped_fp8_block w1"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, base + l.aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I),
-                                              128, "fused_moe_sm90_grouped_fp8_block aq"));
+                                              kBM, "fused_moe_sm90_grouped_fp8_block aq"));
   MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
                                               uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8_block w2"));
   int sms = 0;
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8_block: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
 
-  const int n_tiles1 = int(d.g1u1 ? d.I / 64 : d.I / kBlk), n_tiles2 = int(d.H / kBlk);
+  const int n_tiles1 = int(d.I / (d.g1u1 ? C::kNCols / 2 : C::kNCols)), n_tiles2 = int(d.H / C::kNCols);
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value>;
+    return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, kBlkSmemBytes, s,
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, C::kSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel, grid(l.tiles_max * n_tiles2), kBlkWsThreads, kBlkSmemBytes, s,
+  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2), kBlkWsThreads, C::kSmemBytes, s,
                               "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 
@@ -455,9 +456,10 @@ inline bool blk_mma_two_subs_ok(const MoeDims& d) {
 }
 
 // subs: N sub-tiles per CTA of the BM 64 gemms (1, or 2 when blk_mma_two_subs_ok); force5: one-tile
-// BM 64 gemms with 5 stages wherever they fit (blk_mma_stages).
+// BM 64 gemms with 5 stages wherever they fit (blk_mma_stages); tma64: the BM 64 gemms on TMA +
+// wgmma (64 x 256 tiles) instead of mma.sync.
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs, bool force5) {
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs, bool force5, bool tma64) {
   const MoeDims d = moe_dims(p);
   const Fp8Workspace l = blk_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
@@ -482,7 +484,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
   const auto gemms = [&]() -> Status {
-    if (bm != kMmaBM) return run_blk_tma(p, l, g1, g2, base, s);
+    if (bm != kMmaBM) return run_blk_tma<128>(p, l, g1, g2, base, s);
+    if (tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
     if (subs == 2) return run_blk_mma<2, 4, 4>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
@@ -517,9 +520,10 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 
 namespace {
 
-Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1, bool force5 = false) {
+Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1, bool force5 = false,
+                  bool tma64 = false) {
   return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs, force5); });
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs, force5, tma64); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
@@ -556,6 +560,21 @@ Status supports_bm64_n2(const FusedMoeParams& p) {
   return Status::Ok();
 }
 Status run_bm64_n2(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM, 2); }
+
+// 64 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_tma64): whole N tiles only.
+Status supports_tma64(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
+  const MoeDims d = moe_dims(p);
+  const int64_t n1 = d.g1u1 ? 128 : 256;
+  if (d.H % 256 != 0 || d.I % n1 != 0) {
+    return Unsupported("H, I: the 64 x 256 tiles need H % 256 == 0 and I % ", n1, " == 0, got H = ", d.H,
+                       ", I = ", d.I);
+  }
+  return Status::Ok();
+}
+Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) {
+  return run_blk_bm(p, ctx, grouped::kMmaBM, 1, false, true);
+}
 
 int tiled_bm(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
@@ -596,6 +615,13 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "one's loads cover the first one's epilogue); H % 512 == 0",
          80, erase_supports<FusedMoeParams, supports_bm64_n2>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_n2>});
+  // Priority 75, in no auto kernel (yet): 64-row tiles on TMA + wgmma (QGMMA) instead of the emulated
+  // mma.sync on e4m3 of ..._bm64.
+  r.add({"fused_moe_sm90_grouped_fp8_block_tma64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64 x 256 tiles on QGMMA "
+         "m64n128k32 (TMA ring, two consumer warpgroups) with per-block promotion into f32; H % 256 == 0",
+         75, erase_supports<FusedMoeParams, supports_tma64>,
+         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_tma64>});
   // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
   // against ..._bm64 (whose stage rule, blk_mma_stages, it measures).
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,

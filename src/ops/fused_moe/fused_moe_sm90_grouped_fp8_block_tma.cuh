@@ -1,9 +1,14 @@
-// The 128-row gemms of fused_moe_sm90_grouped_fp8_block (steps 3 and 5 of its .cu's header): the
-// persistent schedule of fused_moe_sm90_grouped_tma.cuh (stage ring, TMA producer, ws_tile order)
-// with a block-scaled consumer (wgmma m64n128k32 partial sums per 128-wide K slice, promoted into
-// f32 accumulators times the slice's activation and weight scales).
+// The TMA + wgmma gemms of fused_moe_sm90_grouped_fp8_block (steps 3 and 5 of its .cu's header):
+// the persistent schedule of fused_moe_sm90_grouped_tma.cuh (stage ring, TMA producer, ws_tile
+// order) with a block-scaled consumer (wgmma m64n128k32 partial sums per 128-wide K slice, promoted
+// into f32 accumulators times the slice's activation and weight scales). Two tile shapes, kBM:
+//   128: 128 x 128 tiles; consumer warpgroup wg takes rows 64 wg.. and all 128 columns (both read
+//        the stage's two 64-row B boxes);
+//   64:  64 x 256 tiles (fused_moe_sm90_grouped_fp8_block_tma64, for experts with few rows: a 64-row
+//        tile reads half the padding rows of A); both warpgroups take the 64 rows, warpgroup wg the
+//        columns of B boxes 2 wg and 2 wg + 1 (of four).
 // Included by fused_moe_sm90_grouped_fp8_block.cu inside its anonymous namespace (uses its kBlk,
-// kBoxBytes, kBlkStageBytes and BlkArgs).
+// kBoxBytes and BlkArgs).
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #pragma once
 
@@ -14,17 +19,33 @@ constexpr int kBlkWsThreads = 32 * kWsConsumerWarps + 128;
 constexpr int kBlkProducerRegs = 40, kBlkConsumerRegs = 232;
 static_assert(32 * kWsConsumerWarps * kBlkConsumerRegs + 128 * kBlkProducerRegs <= 65536,
               "the register file of one SM");
-// The stage ring: kBlkStages stages of 32 KiB (A 128 x 128 codes + two 64-row B boxes), in the
-// shared memory that holds 4 of the 48 KiB stages of the 128 x 256 kernels and more.
+// The stage ring of a tile shape: kBM = 128: 7 stages of 32 KiB (A 128 x 128 codes + two 64-row B
+// boxes), in the shared memory that holds 4 of the 48 KiB stages of the 128 x 256 kernels; kBM = 64:
+// 5 stages of 40 KiB (A 64 x 128 + four B boxes).
 // NOTE: a slice of a 128 x 128 tile is half the MMA work of a 128 x 256 one, and each consumer
 // warpgroup holds two stages (double-buffered partial sums): with the 48 KiB ring's 4 stages the
 // producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
 // latency of a TMA load from L2 / DRAM under load.
-constexpr int kBlkStages = 7;
-using BlkSmem = WsSmemT<kBlkStages, kBlkStageBytes>;
-using BlkRing = WsRingT<kBlkStages>;
-constexpr int kBlkSmemBytes = ws_smem_bytes<BlkSmem>();
-static_assert(kBlkSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+template <int kBM>
+struct BlkCfg {
+  static_assert(kBM == 128 || kBM == 64, "128- or 64-row tiles");
+  static constexpr int kBoxes = kBM == 128 ? 2 : 4;                  // 64-row B boxes per stage
+  static constexpr uint32_t kABytes = uint32_t(kBM) * kBlk;          // A: kBM rows of 128 codes
+  static constexpr uint32_t kStageBytes = kABytes + kBoxes * kBoxBytes;
+  static constexpr int kStages = kBM == 128 ? 7 : 5;
+  using Smem = WsSmemT<kStages, kStageBytes, kABytes>;
+  using Ring = WsRingT<kStages>;
+  static constexpr int kSmemBytes = ws_smem_bytes<Smem>();
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+  static constexpr int kNCols = kBM == 128 ? 128 : 256;  // output columns of a tile
+  // Warpgroup wg's first A row and B byte offset in a stage.
+  __device__ __forceinline__ static uint32_t a_off(int wg) { return kBM == 128 ? uint32_t(wg) * 64 * kBlk : 0u; }
+  __device__ __forceinline__ static uint32_t b_off(int wg) { return kBM == 128 ? 0u : uint32_t(wg) * 2 * kBoxBytes; }
+  // A consumer thread's first tile row (rows r and r + 8 are its accumulator rows).
+  __device__ __forceinline__ static int row_of(int warp, int lane) {
+    return (kBM == 128 ? warp : warp & 3) * 16 + (lane >> 2);
+  }
+};
 
 // ---------------------------------------------------------------- mainloop
 __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
@@ -34,24 +55,27 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
     for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
 }
 
-// Producer (one thread): K slices of A rows [row0, row0 + 128) and the two 64-row B boxes at
-// b_row0 / b_row1, for one tile.
-__device__ __forceinline__ void blk_produce_tile(const BlkSmem& sm, BlkRing& ring, const CUtensorMap* ma,
-                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int KT) {
+// Producer (one thread): K slices of A rows [row0, row0 + kBM) and of the 64-row B boxes at rows
+// b_rows[0 .. kBoxes), for one tile.
+template <int kBM>
+__device__ __forceinline__ void blk_produce_tile(const typename BlkCfg<kBM>::Smem& sm, typename BlkCfg<kBM>::Ring& ring,
+                                                 const CUtensorMap* ma, const CUtensorMap* mb, int row0,
+                                                 const int (&b_rows)[BlkCfg<kBM>::kBoxes], int KT) {
+  using C = BlkCfg<kBM>;
   for (int kt = 0; kt < KT; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
     const uint32_t full = sm.full(ring.s);
-    mbar_arrive_expect_tx(full, kBlkStageBytes);
+    mbar_arrive_expect_tx(full, C::kStageBytes);
     tma_load_2d(sm.a(ring.s), ma, kt * kBlk, row0, full);
-    tma_load_2d(sm.b(ring.s), mb, kt * kBlk, b_row0, full);
-    tma_load_2d(sm.b(ring.s) + kBoxBytes, mb, kt * kBlk, b_row1, full);
+#pragma unroll
+    for (int b = 0; b < C::kBoxes; ++b) tma_load_2d(sm.b(ring.s) + b * kBoxBytes, mb, kt * kBlk, b_rows[b], full);
     ring.next();
   }
 }
 
 // Scales a consumer thread applies per K slice kt: its two rows' activation scales (nullptr: a
-// padding row past the rows, treated as 0) and the weight scales of the tile's low (columns 0..63)
-// and high (64..127) halves; each row of KT values.
+// padding row past the rows, treated as 0) and the weight scales of its warpgroup's low (columns
+// 0..63) and high (64..127) halves; each row of KT values.
 struct BlkScales {
   const float* row0;
   const float* row1;
@@ -59,18 +83,19 @@ struct BlkScales {
   const float* hi;
 };
 
-// Consumer warpgroup wg: acc (rows 64 wg.. of the tile, 128 columns) = sum over K slices of the
-// slice's wgmma partial sums times a_scale * w_scale.
+// Consumer warpgroup wg: acc (its 64 rows and 128 columns of the tile, BlkCfg) = sum over K slices
+// of the slice's wgmma partial sums times a_scale * w_scale.
 // Two partial-sum buffers: slice kt + 1's wgmma group is issued into one before slice kt's partial
 // sums in the other are promoted, so the tensor cores work while this warpgroup promotes (64 + 2 x 64
 // accumulators: the consumers' 232 registers of kBlkWsThreads, setmaxnreg in blk_run).
 // NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
 // tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
 // fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
-__device__ __forceinline__ void blk_consume_tile(const BlkSmem& sm, BlkRing& ring, int wg, int KT, const BlkScales& sc,
-                                                 float (&acc)[16][4]) {
+template <int kBM>
+__device__ __forceinline__ void blk_consume_tile(const typename BlkCfg<kBM>::Smem& sm, typename BlkCfg<kBM>::Ring& ring,
+                                                 int wg, int KT, const BlkScales& sc, float (&acc)[16][4]) {
   const bool leader = (threadIdx.x & 31) == 0;
-  const uint32_t a_off = uint32_t(wg) * 64 * 128;
+  const uint32_t a_off = BlkCfg<kBM>::a_off(wg), b_off = BlkCfg<kBM>::b_off(wg);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -84,7 +109,7 @@ __device__ __forceinline__ void blk_consume_tile(const BlkSmem& sm, BlkRing& rin
     const int st = ring.s;
     mbar_wait(sm.full(st), ring.phase);
     const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
-    const uint64_t db = wgmma_desc_sw128(sm.b(st));
+    const uint64_t db = wgmma_desc_sw128(sm.b(st) + b_off);
     fence_regs(t);
     wgmma_fence();
 #pragma unroll
@@ -147,71 +172,81 @@ __device__ __forceinline__ void blk_consume_tile(const BlkSmem& sm, BlkRing& rin
   }
 }
 
-// The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b0, b1),
-// wblocks(m, n, lo_block, hi_block) -> the weight scale rows, epi(m, n, acc).
-template <class Boxes, class WBlocks, class Epi>
-__device__ __forceinline__ void blk_run(const BlkSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
-                                        const BlkArgs& p, int n_tiles, int K, int N, Boxes boxes, WBlocks wblocks,
-                                        Epi epi) {
+// The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b_rows) ->
+// the A first row and the kBoxes B box rows, wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's
+// weight scale rows, epi(m, n, wg, acc).
+template <int kBM, class Boxes, class WBlocks, class Epi>
+__device__ __forceinline__ void blk_run(const typename BlkCfg<kBM>::Smem& sm, const CUtensorMap* ma,
+                                        const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N,
+                                        Boxes boxes, WBlocks wblocks, Epi epi) {
+  using C = BlkCfg<kBM>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
-  BlkRing ring;
+  typename C::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
     setmaxnreg_dec<kBlkProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int m, n, row0, b0, b1;
+      int m, n, row0, b_rows[C::kBoxes];
       ws_tile(t, num_m, n_tiles, m, n);
-      boxes(m, n, row0, b0, b1);
-      blk_produce_tile(sm, ring, ma, mb, row0, b0, b1, KT);
+      boxes(m, n, row0, b_rows);
+      blk_produce_tile<kBM>(sm, ring, ma, mb, row0, b_rows, KT);
     }
     return;
   }
   setmaxnreg_inc<kBlkConsumerRegs>();
+  const int wg = warp >> 2;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     int m, n, blo, bhi;
     ws_tile(t, num_m, n_tiles, m, n);
-    wblocks(m, n, blo, bhi);
-    const int e = p.tile_expert[m], r0 = p.tile_row0[m] + warp * 16 + (lane >> 2);
+    wblocks(m, n, wg, blo, bhi);
+    const int e = p.tile_expert[m], r0 = p.tile_row0[m] + C::row_of(warp, lane);
     const float* ws = p.w_scale + int64_t(e) * NB * KT;
     BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT : nullptr,
                  r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT : nullptr, ws + int64_t(blo) * KT,
                  ws + int64_t(bhi) * KT};
     float acc[16][4];
-    blk_consume_tile(sm, ring, warp >> 2, KT, sc, acc);
-    epi(m, n, acc);
+    blk_consume_tile<kBM>(sm, ring, wg, KT, sc, acc);
+    epi(m, n, wg, acc);
   }
 }
 
-// gemm1: ma = xq [Tk, H], mb = w1 as [E * N1, H] (boxes of 64 rows): g1u1 N tile = gate rows
-// [i0, i0 + 64) + up rows [I + i0, ...), i0 = 64 n; g1u0: rows [i0, i0 + 128), i0 = 128 n.
-template <bool G1U1, Activation A>
+// gemm1: ma = xq [Tk, H] (boxes of kBM rows), mb = w1 as [E * N1, H] (boxes of 64 rows). The N tile
+// holds nb gate columns from i0 = nb n (g1u1: and the matching up columns): kBM = 128: g1u1 64 + 64,
+// g1u0 128; kBM = 64: g1u1 128 + 128 (warpgroup wg: gate and up columns i0 + 64 wg ..), g1u0 256
+// (warpgroup wg: i0 + 128 wg ..).
+template <bool G1U1, Activation A, int kBM>
 __global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
+  using C = BlkCfg<kBM>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const BlkSmem sm = ws_setup<BlkSmem>(smem_raw, &ma, &mb);
+  const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? 64 : 128;
-  blk_run(
+  const int n1 = G1U1 ? 2 * p.I : p.I;
+  constexpr int nb = G1U1 ? C::kNCols / 2 : C::kNCols;  // gate columns of a tile
+  constexpr int wg_cols = kBM == 128 ? 0 : nb / 2;      // gate columns between the warpgroups
+  blk_run<kBM>(
       sm, &ma, &mb, p, n_tiles, p.H, n1,
-      [&](int m, int n, int& row0, int& b0, int& b1) {
+      [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         const int e = p.tile_expert[m], i0 = n * nb;
         row0 = p.tile_row0[m];
-        b0 = e * n1 + i0;
-        b1 = G1U1 ? e * n1 + p.I + i0 : b0 + 64;
+#pragma unroll
+        for (int k = 0; k < C::kBoxes; ++k) {  // g1u1: gate, up, gate, up; g1u0: consecutive
+          b[k] = e * n1 + (G1U1 ? (k % 2) * p.I + (k / 2) * 64 + i0 : i0 + 64 * k);
+        }
       },
-      [&](int, int n, int& lo, int& hi) {
-        const int i0 = n * nb;
-        lo = i0 / kBlk;
-        hi = G1U1 ? (p.I + i0) / kBlk : lo;
+      [&](int, int n, int wg, int& lo, int& hi) {
+        const int c0 = n * nb + wg * wg_cols;
+        lo = c0 / kBlk;
+        hi = G1U1 ? (p.I + c0) / kBlk : lo;
       },
-      [&](int m, int n, const float (&acc)[16][4]) {
-        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb;
+      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          const int rl = C::row_of(warp, lane) + 8 * h;
           if (rl >= nrows) continue;
           const int row = row0 + rl;
           const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
@@ -234,27 +269,31 @@ __global__ void __launch_bounds__(kBlkWsThreads, 1)
       });
 }
 
-// gemm2: ma = aq [Tk, I], mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H rows [h0, h0 + 128).
+// gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
+// rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for kBM = 64.
+template <int kBM>
 __global__ void __launch_bounds__(kBlkWsThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
+  using C = BlkCfg<kBM>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const BlkSmem sm = ws_setup<BlkSmem>(smem_raw, &ma, &mb);
+  const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  blk_run(
+  constexpr int wg_cols = kBM == 128 ? 0 : kBlk;
+  blk_run<kBM>(
       sm, &ma, &mb, p, n_tiles, p.I, p.H,
-      [&](int m, int n, int& row0, int& b0, int& b1) {
+      [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         row0 = p.tile_row0[m];
-        b0 = p.tile_expert[m] * p.H + n * kBlk;
-        b1 = b0 + 64;
+#pragma unroll
+        for (int k = 0; k < C::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * C::kNCols + 64 * k;
       },
-      [&](int, int n, int& lo, int& hi) { lo = hi = n; },
-      [&](int m, int n, const float (&acc)[16][4]) {
-        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * kBlk;
+      [&](int, int n, int wg, int& lo, int& hi) { lo = hi = (n * C::kNCols + wg * wg_cols) / kBlk; },
+      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * C::kNCols + wg * wg_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          const int rl = C::row_of(warp, lane) + 8 * h;
           if (rl >= nrows) continue;
           float* yrow = p.out + int64_t(row0 + rl) * p.H + h0 + c0;
 #pragma unroll

@@ -101,16 +101,16 @@ __device__ __forceinline__ void ws_tile(int t, int num_m, int n_tiles, int& m, i
 }
 
 // Shared-memory addresses of stage s and its barriers; `base` is the 1024-byte aligned start. A ring
-// of kStages stages of kStageBytes each (A first, B kWsABytes after it), then 2 kStages mbarriers.
+// of kStages stages of kStageBytes each (A first, B kABytes after it), then 2 kStages mbarriers.
 // WsSmem: the 48 KiB stages of the 128 x 256 tiles; the 128 x 128 tiles of the block-scaled fp8
 // kernels use 32 KiB stages and more of them (fused_moe_sm90_grouped_fp8_block_tma.cuh).
-template <int kStages_ = kWsStages, uint32_t kStageBytes_ = kWsStageBytes>
+template <int kStages_ = kWsStages, uint32_t kStageBytes_ = kWsStageBytes, uint32_t kABytes_ = kWsABytes>
 struct WsSmemT {
   static constexpr int kStages = kStages_;
   static constexpr uint32_t kStageBytes = kStageBytes_;
   uint32_t base;
   __device__ __forceinline__ uint32_t a(int s) const { return base + uint32_t(s) * kStageBytes; }
-  __device__ __forceinline__ uint32_t b(int s) const { return a(s) + kWsABytes; }
+  __device__ __forceinline__ uint32_t b(int s) const { return a(s) + kABytes_; }
   __device__ __forceinline__ uint32_t full(int s) const { return base + kStages * kStageBytes + 8u * s; }
   __device__ __forceinline__ uint32_t empty(int s) const { return full(kStages) + 8u * s; }
 };
