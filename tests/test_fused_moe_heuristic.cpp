@@ -94,6 +94,24 @@ TEST(FusedMoeHeuristic, Fp8BlockGroupedTileRows) {
   EXPECT_DOUBLE_EQ(rows_per_touched_expert(0, 8), 0.0);
 }
 
+TEST(FusedMoeHeuristic, Fp8BlockTma64TileRowsAndStrategy) {
+  // With the 64 x 256 QGMMA tiles: 64-row tiles up to 128 rows per touched expert (Mixtral T = 512,
+  // DeepSeek-V3 T = 4096), 128 above (Qwen3 T = 4096: 256 rows; Mixtral T = 4096: 1024).
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 2, 8, true), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(128 * 2, 8, true), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(512 * 2, 8, true), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 256, true), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(513 * 2, 8, true), 128);  // 128.25 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 128, true), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 2, 8, true), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8, true), 128);
+  // The block strategy: grouped wherever H % 256 == 0 (even one token), else the fp8 rule.
+  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 2, 8, 4096).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 8, 128, 2048).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 2, 8, 384).strategy, choose_moe_strategy_fp8(1, 2, 8, 384).strategy);
+  EXPECT_EQ(choose_moe_strategy_fp8(1, 2, 8, 384).strategy, MoeStrategy::small_m);
+}
+
 TEST(FusedMoeHeuristic, NamesAndReasons) {
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::small_m), "small_m");
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::grouped_gemm), "grouped_gemm");

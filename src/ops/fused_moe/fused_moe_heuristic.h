@@ -102,9 +102,32 @@ constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E) {
 // 128-row tiles: 2 rows, Mixtral T=8: 402 vs 743 us; 16 rows, Mixtral T=64: 459 vs 570,
 // DeepSeek-V3 T=512: 3273 vs 3671; 32 rows, Mixtral T=128: 684 vs 439, Qwen3 T=512: 344 vs 251,
 // DeepSeek-V3 T=1024: 4760 vs 3798; 128 rows, Mixtral T=512: 1832 vs 580.
+// tma64: the 64-row tiles run on TMA + QGMMA (fused_moe_sm90_grouped_fp8_block_tma64, 64 x 256 tiles,
+// where H % 256 == 0 and the N tiles are whole): 64 while the rows per touched expert are at most
+// kGroupedFp8BlockTma64MaxRows. Measured on the H200 (docs/PERF.md, 2026-12-01 fourth section), 64 x
+// 256 vs 128 x 128 tiles: 2 rows, Mixtral T=8: 369 vs 642 us; 16 rows, Mixtral T=64: 377 vs 548,
+// DeepSeek-V3 T=512: 2802 vs 3504; 32 rows, Qwen3 T=512: 217 vs 236; 128 rows, DeepSeek-V3 T=4096:
+// 5178 vs 5628, Mixtral T=512: 550 vs 550; 256 rows, Qwen3 T=4096: 711 vs 709; 1024 rows, Mixtral
+// T=4096: 3560 vs 3524.
 constexpr double kGroupedFp8BlockBm64MaxRows = 16.0;
-constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E) {
-  return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8BlockBm64MaxRows ? 64 : 128;
+constexpr double kGroupedFp8BlockTma64MaxRows = 128.0;
+constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E, bool tma64 = false) {
+  return tk > 0 && rows_per_touched_expert(tk, E) <=
+                       (tma64 ? kGroupedFp8BlockTma64MaxRows : kGroupedFp8BlockBm64MaxRows)
+             ? 64
+             : 128;
+}
+
+// The strategy of the fp8 block variant: the grouped GEMM wherever its 64 x 256 QGMMA tiles take H
+// (H % 256 == 0; the auto kernel then picks them up to 128 rows per expert), else
+// choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) those tiles beat small_m's CUDA-core dots
+// at one token: Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0.
+inline MoeStrategyChoice choose_moe_strategy_fp8_block(int64_t T, int64_t k, int64_t E, int64_t H) {
+  if (H % 256 == 0) {
+    return {MoeStrategy::grouped_gemm, rows_per_touched_expert(T * k, E),
+            "fp8 block, H % 256 == 0: grouped GEMM (64 x 256 QGMMA tiles up to 128 rows per expert)"};
+  }
+  return choose_moe_strategy_fp8(T, k, E, H);
 }
 
 }  // namespace moekit

@@ -576,9 +576,17 @@ Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) {
   return run_blk_bm(p, ctx, grouped::kMmaBM, 1, false, true);
 }
 
-int tiled_bm(const FusedMoeParams& p) {
+// The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
+// else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 128.
+enum class BlkTiles { tma128, mma64, tma64 };
+BlkTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  return fused_moe_sm90_grouped_fp8_block_tile_m(d.T * d.k, d.E) == 64 && bm64_fits(p) ? grouped::kMmaBM : 128;
+  const bool t64 = supports_tma64(p).ok();
+  if (fused_moe_sm90_grouped_fp8_block_tile_m(d.T * d.k, d.E, t64) == 64) {
+    if (t64) return BlkTiles::tma64;
+    if (bm64_fits(p)) return BlkTiles::mma64;
+  }
+  return BlkTiles::tma128;
 }
 
 }  // namespace
@@ -588,10 +596,15 @@ Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunCo
 }
 
 size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::blk_layout_of(p, tiled_bm(p)).total;
+  return grouped::blk_layout_of(p, tiled(p) == BlkTiles::tma128 ? 128 : grouped::kMmaBM).total;
 }
 Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, tiled_bm(p));
+  switch (tiled(p)) {
+    case BlkTiles::tma64: return run_tma64(p, ctx);
+    case BlkTiles::mma64: return run_bm64(p, ctx);
+    case BlkTiles::tma128: break;
+  }
+  return run_blk_bm(p, ctx, 128);
 }
 
 void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
