@@ -98,7 +98,7 @@ TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
 }
 
 TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {
-  for (const char* name : {kBlock, kBlock64}) {
+  for (const char* name : {kBlock, kBlock64, kTma64}) {
     SCOPED_TRACE(name);
     const Kernel* k = registry().find(name);
     if (k == nullptr) GTEST_SKIP() << "not compiled in";
