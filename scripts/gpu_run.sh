@@ -39,7 +39,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 # memcheck: the CUDA tests of the fused kernels and the graph test; racecheck (much slower): small
 # shapes of every CUDA kernel that uses shared memory. Both fit the device tool's 10-minute call.
 MEMCHECK_FILTER='FusedMoeSm90Grouped*:CudaGraph*:FusedMoeSm90SmallM.Edge*:FusedMoeSm90SmallMFp8.Block*:FusedMoeSm90Fp8BlockAuto*:MoeBaselineCublas.Fp8*'
-RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90GroupedFp8Block.Bm64RowCountsPerExpert:FusedMoeSm90GroupedFp8Block.Bm64TwoNSubTiles:FusedMoeSm90GroupedFp8Block.Bm64FourStagesForLargeK:FusedMoeSm90GroupedFp8Block.Bm64FiveStages:FusedMoeSm90GroupedFp8Block.Tma64RowCounts:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
+RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90GroupedFp8Block.Bm64RowCountsPerExpert:FusedMoeSm90GroupedFp8Block.Bm64FourStagesForLargeK:FusedMoeSm90GroupedFp8Block.Bm64FiveStages:FusedMoeSm90GroupedFp8Block.Tma64RowCounts:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
 
 say "# moekit GPU run $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$S"
@@ -98,9 +98,9 @@ if has bench; then
   # bf16 (BENCH_BF16=1): every CUDA kernel of the variant in one run per model; fp8 (FP8_SCHEMES,
   # default fp8_tensor; e.g. "fp8_tensor fp8_channel fp8_block"): one run per kernel, so a run cut
   # by its time limit loses only its own rows: the auto kernel (fused_moe_sm90_fp8_row /
-  # fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row tiles (block: also two N
-  # tiles per CTA, _bm64_n2, which refuses H % 512 != 0 and prints no row then) (small_m fp8 at
-  # large T takes seconds per call and is left to the auto kernel). BENCH_MODELS picks the presets.
+  # fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row tiles (block: also the
+  # 64 x 256 TMA tiles, _tma64, and 5-stage BM 64 pipelines, _bm64_s5) (small_m fp8 at large T takes
+  # seconds per call and is left to the auto kernel). BENCH_MODELS picks the presets.
   for m in ${BENCH_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
     if [ "${BENCH_BF16:-1}" = 1 ]; then
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
@@ -109,7 +109,7 @@ if has bench; then
     fi
     for sc in ${FP8_SCHEMES:-fp8_tensor}; do
       kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64"
-      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_n2 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64"
+      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64"
       if [ "${FP8_AUTO_ONLY:-0}" = 1 ]; then  # the auto kernel's rows only
         kerns=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && kerns=fused_moe_sm90_fp8_block
       fi

@@ -4,9 +4,7 @@
 // around the warpgroup cut, g1u0 with gelu and an expert map, the router weight on the input, rows
 // of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
-// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64TwoNSubTiles runs
-// fused_moe_sm90_grouped_fp8_block_bm64_n2 (two N tiles per CTA in one pipeline) on shapes it takes,
-// Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
+// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
 // Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
@@ -29,7 +27,6 @@ using moe_test::small_shape;
 
 constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
-constexpr const char* kBlock64N2 = "fused_moe_sm90_grouped_fp8_block_bm64_n2";
 constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
 constexpr const char* kTma64 = "fused_moe_sm90_grouped_fp8_block_tma64";
 
@@ -119,13 +116,12 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64RowCountsPerExpert) {
 }
 
 // The 64-row tiles' shared-memory limit on K = max(H, I) takes every preset (Mixtral I = 14336,
-// Llama-4 I = 8192, DeepSeek-V3 H = 7168) with one or two N tiles per CTA; host arithmetic only.
+// Llama-4 I = 8192, DeepSeek-V3 H = 7168); host arithmetic only.
 TEST(FusedMoeSm90GroupedFp8Block, Bm64SharedMemoryTakesThePresets) {
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1), 33152);
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(2), 32256);
-  for (int subs : {1, 2}) EXPECT_GE(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(subs), 14336);
-  // 5 stages (one N tile per CTA) where K <= 13312: DeepSeek-V3 (7168), Llama-4 (8192), not Mixtral.
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5), 13312);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(), 33152);
+  EXPECT_GE(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(), 14336);
+  // 5 stages where K <= 13312: DeepSeek-V3 (7168), Llama-4 (8192), not Mixtral.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(5), 13312);
 }
 
 // K = I = 13440 > 13312: the one-tile BM 64 gemms cannot take 5 pipeline stages there (the
@@ -154,37 +150,6 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64FiveStages) {
   probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440)));
   probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 13440, 256)));
   for (MoeProblem& prob : probs) moe_test::expect_fp8_cuda_matches_ref(prob, kBlock64S5, kBlock64S5);
-}
-
-// Two N sub-tiles per CTA: H = 512 (gemm2: 2 N tiles of 256 = one CTA), I = 256 g1u1 (gemm1: 2 N
-// tiles of 128 gate + 128 up) with the three mainloop widths and a tail tile, the router weight on
-// the input, g1u0 gelu with I = 512 and an expert map, rows of zeros and large values; supports()
-// on device tensors refuses H % 512 != 0 and g1u1 I % 256 != 0 that the one-tile kernel takes.
-TEST(FusedMoeSm90GroupedFp8Block, Bm64TwoNSubTiles) {
-  SKIP_WITHOUT_KERNEL();
-  MoeProblem widths = make(small_shape(Scheme::fp8_block, 227, 6, 1, 512, 256));
-  moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
-  moe_test::expect_fp8_cuda_matches_ref(widths, kBlock64N2, kBlock64N2);
-  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 1024, 512);
-  on_input.weight_on_input = true;
-  MoeProblem tkw1 = make(on_input);
-  moe_test::expect_fp8_cuda_matches_ref(tkw1, kBlock64N2, kBlock64N2);
-  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 512, 512);
-  moe_test::expect_fp8_cuda_matches_ref(g1u0, kBlock64N2, kBlock64N2);
-  MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 512, 256));
-  moe_test::set_zero_and_large_rows(&zl);
-  moe_test::expect_fp8_cuda_matches_ref(zl, kBlock64N2, kBlock64N2);
-
-  const Kernel* n2 = registry().find(kBlock64N2);
-  const Kernel* one = registry().find(kBlock64);
-  ASSERT_NE(n2, nullptr);
-  ASSERT_NE(one, nullptr);
-  moe_test::expect_device_supports(*n2, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 256), true);
-  for (const MoeShape& s : {small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256),    // H % 512 != 0
-                            small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384)}) {  // g1u1 I % 256 != 0
-    moe_test::expect_device_supports(*n2, s, false);
-    moe_test::expect_device_supports(*one, s, true);
-  }
 }
 
 // 64 x 256 TMA tiles: one or two rows per expert, the row counts around the warp rows and the tile

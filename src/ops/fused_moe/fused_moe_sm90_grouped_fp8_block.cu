@@ -21,18 +21,14 @@
 // cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels, promoting per K slice
 // through the mainloop's slice hook (BlkPromote) from scales staged in shared memory: for experts
 // with up to 16 rows, where a 128-row QGMMA tile is mostly padding (fused_moe_sm90_fp8_block picks
-// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m). fused_moe_sm90_grouped_fp8_block_bm64_n2
-// runs two N tiles per CTA in one pipeline (mainloop Hook::kSubs = 2): the
-// second tile's first stages load while the first one's epilogue runs, and each CTA's pipeline fill
-// is paid once per two output tiles.
+// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m).
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
 // (A 128 rows + two 64-row B boxes of 128 codes; BlkCfg in the _tma.cuh). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
-// (n2: gemm2 none, gemm1 g1u1 silu 20 bytes / g1u0 silu none, 8-24 bytes for the other activations)
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
-// 160 KiB of stages + (64 + 2 subs) * K / 128 floats of scales (fused_moe_sm90_grouped_fp8_block_bm64_fits).
+// 160 or 200 KiB of stages + (64 + 2) * K / 128 floats of scales (fused_moe_sm90_grouped_fp8_block_bm64_max_k).
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
 
@@ -135,19 +131,15 @@ struct BlkArgs {
 // base clocks) gemm1 646 us / gemm2 328 us against 537 / 262 for the per-row BM 64 kernels, same
 // DRAM bytes.
 // kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
-// kSubs: N sub-tiles per CTA (mainloop Hook::kSubs); sub-tile 1's weight scale rows follow sub-tile
-// 0's two (lo / hi + 2 KT), and its slices are counted on from KT.
 // kStages: the mainloop's pipeline depth (HookStages): 5 where the scales leave room, else 4.
-template <int NT, bool kTwo, int kSubs_ = 1, int kStages_ = grouped::kStages>
+template <int NT, bool kTwo, int kStages_ = grouped::kStages>
 struct BlkPromote {
   static constexpr bool kActive = true;
-  static constexpr int kSubs = kSubs_;
   static constexpr int kStages = kStages_;
   Acc<NT> sum;
   const float* sa;  // shared: activation scales [KT][64], offset by this lane's row lane / 4
   const float* lo;  // shared: [KT] weight scales of the columns j < NT / 2 (all columns when !kTwo)
   const float* hi;  // shared: ... of the columns j >= NT / 2 (kTwo only)
-  int KT;           // K slices per sub-tile (read when kSubs > 1)
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -159,16 +151,7 @@ struct BlkPromote {
   }
   template <int MA>
   __device__ __forceinline__ void slice(int kt, Acc<NT>& acc) {
-    const float* l = lo;
-    const float* hh = hi;
-    if constexpr (kSubs > 1) {
-      if (kt >= KT) {
-        kt -= KT;
-        l += 2 * KT;
-        hh += 2 * KT;
-      }
-    }
-    const float wl = l[kt], wh = kTwo ? hh[kt] : wl;
+    const float wl = lo[kt], wh = kTwo ? hi[kt] : wl;
 #pragma unroll
     for (int mi = 0; mi < MA; ++mi) {
 #pragma unroll
@@ -188,63 +171,47 @@ struct BlkPromote {
 };
 
 // Shared bytes of the BM 64 mainloop's `stages` stages and of the staged scales behind them for KT K
-// slices and kSubs N sub-tiles (two weight scale rows each), and whether they fit one CTA's shared
-// memory (fused_moe_sm90_grouped_fp8_block_bm64_max_k, the header).
+// slices (two weight scale rows), and whether they fit one CTA's shared memory
+// (fused_moe_sm90_grouped_fp8_block_bm64_max_k, the header).
 constexpr int blk_stage_bytes(int stages) { return stages * MmaTile::kStageElems * 2; }
-constexpr size_t blk_mma_scale_bytes(int64_t KT, int kSubs = 1) {
-  return size_t((kMmaBM + 2 * kSubs) * KT) * sizeof(float);
-}
+constexpr size_t blk_mma_scale_bytes(int64_t KT) { return size_t((kMmaBM + 2) * KT) * sizeof(float); }
 static_assert(kFp8BlockBm64StageBytes == MmaTile::kStageElems * 2, "the header's copy of the stage bytes");
-static_assert(blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 4) / kBlk, 1) <=
+static_assert(blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(4) / kBlk) <=
                   size_t(kFp8BlockBm64MaxSmem) &&
-              blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(2, 4) / kBlk, 2) <=
-                  size_t(kFp8BlockBm64MaxSmem) &&
-              blk_stage_bytes(5) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(1, 5) / kBlk, 1) <=
+              blk_stage_bytes(5) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(5) / kBlk) <=
                   size_t(kFp8BlockBm64MaxSmem),
               "the header's K limits keep the stages and staged scales within one CTA's shared memory");
-inline bool blk_mma_fits(int64_t KT, int kSubs = 1, int stages = grouped::kStages) {
-  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(kSubs, stages);
+inline bool blk_mma_fits(int64_t KT, int stages = grouped::kStages) {
+  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(stages);
 }
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
-// activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then kRows rows of KT
+// activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then two rows of KT
 // weight scales, row r from w[r]. Every thread of the CTA takes part; the mainloop's first barrier
 // publishes them.
-template <int kRows>
 __device__ __forceinline__ void stage_blk_scales(float* s, const float* a_scale, int row0, int nrows, int KT,
-                                                 const float* const (&w)[kRows]) {
+                                                 const float* const (&w)[2]) {
   for (int i = threadIdx.x; i < kMmaBM * KT; i += kThreads) {
     const int r = i / KT, kt = i - r * KT;  // kt fastest: coalesced reads of a_scale's rows
     s[kt * kMmaBM + r] = r < nrows ? a_scale[int64_t(row0 + r) * KT + kt] : 0.0f;
   }
-  if constexpr (kRows == 2) {
-    for (int i = threadIdx.x; i < 2 * KT; i += kThreads) s[kMmaBM * KT + i] = i < KT ? w[0][i] : w[1][i - KT];
-  } else {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      for (int i = threadIdx.x; i < KT; i += kThreads) s[(kMmaBM + r) * KT + i] = w[r][i];
-    }
-  }
+  for (int i = threadIdx.x; i < 2 * KT; i += kThreads) s[kMmaBM * KT + i] = i < KT ? w[0][i] : w[1][i - KT];
 }
 
-// The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of sub-tile 0's
-// staged pair.
-template <bool kTwo, int kSubs, int kStages>
-__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kSubs, kStages> blk_promote(const float* s, int KT, int lo,
-                                                                                      int hi) {
-  BlkPromote<MmaTile::kNT, kTwo, kSubs, kStages> pr;
+// The promotion state of a warp whose weight scales are rows lo / hi (0 or 1) of the staged pair.
+template <bool kTwo, int kStages>
+__device__ __forceinline__ BlkPromote<MmaTile::kNT, kTwo, kStages> blk_promote(const float* s, int KT, int lo, int hi) {
+  BlkPromote<MmaTile::kNT, kTwo, kStages> pr;
   pr.init();
   pr.sa = s + ((threadIdx.x & 31) >> 2);
   pr.lo = s + kMmaBM * KT + lo * KT;
   pr.hi = s + kMmaBM * KT + hi * KT;
-  pr.KT = KT;
   return pr;
 }
 
-// gemm1 on BM 64 tiles, grid (tiles_max, N tiles / kSubs) as gemm1_fp8_mma_kernel: N tile = 128 gate +
-// 128 up columns (g1u1) or 256 (g1u0), kSubs of them one after the other (kSubs 2: every N tile
-// full, the host checks); a = act(w g) * (w u) (or act(w g)) in f32 from the promoted sums.
-template <bool G1U1, Activation A, int kSubs, int kStages>
+// gemm1 on BM 64 tiles, grid (tiles_max, N tiles) as gemm1_fp8_mma_kernel: N tile = 128 gate + 128 up
+// columns (g1u1) or 256 (g1u0); a = act(w g) * (w u) (or act(w g)) in f32 from the promoted sums.
+template <bool G1U1, Activation A, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm1_blk_mma_kernel(BlkArgs p, const uint8_t* xq, const uint8_t* w1) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -255,69 +222,55 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1], nrows = row_end - row0;
   const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;
   const int n1 = G1U1 ? 2 * p.I : p.I, k2 = p.H / 2, KT = p.H / kBlk, NB = n1 / kBlk;
-  constexpr int kTileN = G1U1 ? kBN / 2 : kBN;  // columns of I per N (sub-)tile
-  const int i0 = blockIdx.y * kSubs * kTileN;
+  constexpr int kTileN = G1U1 ? kBN / 2 : kBN;  // columns of I per N tile
+  const int i0 = blockIdx.y * kTileN;
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, xq, p.H, row0, row_end, tid);
   mma_w1_rows<G1U1>(src, w1, e, p.H, p.I, i0, tid);
-  src.b_sub = int64_t(kTileN) * k2;
   constexpr int kGW = MmaTile::kWarpCols / 2;
   constexpr int kNT = MmaTile::kNT;
-  // The CTA's weight scale rows per sub-tile j (columns i0 + j * kTileN): g1u1 the gate block and
-  // its up block; g1u0 the blocks of the tile's two 128-column halves (clamped below NB).
+  // The CTA's weight scale rows: g1u1 the gate block and its up block; g1u0 the blocks of the tile's
+  // two 128-column halves (clamped below NB).
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   const float* ws = p.w_scale + int64_t(e) * NB * KT;
-  const float* wrows[2 * kSubs];
-#pragma unroll
-  for (int j = 0; j < kSubs; ++j) {
-    const int b0 = (i0 + j * kTileN) / kBlk, b1 = G1U1 ? (p.I + i0 + j * kTileN) / kBlk : min(b0 + 1, NB - 1);
-    wrows[2 * j] = ws + int64_t(b0) * KT;
-    wrows[2 * j + 1] = ws + int64_t(b1) * KT;
-  }
+  const int b0 = i0 / kBlk, b1 = G1U1 ? (p.I + i0) / kBlk : min(b0 + 1, NB - 1);
+  const float* wrows[2] = {ws + int64_t(b0) * KT, ws + int64_t(b1) * KT};
   float* scales = reinterpret_cast<float*>(smem_raw + blk_stage_bytes(kStages));
-  stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
+  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = G1U1 ? 0 : (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<G1U1, kSubs, kStages>(scales, KT, wlo, G1U1 ? 1 : wlo);
-
-  // The epilogue of sub-tile j from the promoted sums. The warp's columns lie in one 32-aligned
-  // block and I % 128 == 0: all valid or all past I.
-  auto epilogue = [&](int j) {
-    const int icj = ic + j * kTileN;
-    if (icj >= p.I) return;
-    const int c0 = icj + 2 * (lane & 3);
-    for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
-      const int row = row0 + rl;
-      const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-      float* orow = p.out + int64_t(row) * p.I;
-      if constexpr (G1U1) {
-#pragma unroll
-        for (int jj = 0; jj < kNT / 2; ++jj) {
-          const float* g = &pr.sum.v[mi][jj][2 * h];
-          const float* u = &pr.sum.v[mi][jj + kNT / 2][2 * h];
-          *reinterpret_cast<float2*>(orow + c0 + 8 * jj) =
-              make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
-        }
-      } else {
-#pragma unroll
-        for (int jj = 0; jj < kNT; ++jj) {
-          const float* g = &pr.sum.v[mi][jj][2 * h];
-          *reinterpret_cast<float2*>(orow + c0 + 8 * jj) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
-        }
-      }
-    });
-  };
+  auto pr = blk_promote<G1U1, kStages>(scales, KT, wlo, G1U1 ? 1 : wlo);
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
-      smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr, [&](int j) {
-        epilogue(j);
-        pr.init();
-      });
-  epilogue(kSubs - 1);
+      smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, nrows, acc, pr);
+
+  // The warp's columns lie in one 32-aligned block and I % 128 == 0: all valid or all past I.
+  if (ic >= p.I) return;
+  const int c0 = ic + 2 * (lane & 3);
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+    const int row = row0 + rl;
+    const float wt = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+    float* orow = p.out + int64_t(row) * p.I;
+    if constexpr (G1U1) {
+#pragma unroll
+      for (int jj = 0; jj < kNT / 2; ++jj) {
+        const float* g = &pr.sum.v[mi][jj][2 * h];
+        const float* u = &pr.sum.v[mi][jj + kNT / 2][2 * h];
+        *reinterpret_cast<float2*>(orow + c0 + 8 * jj) =
+            make_float2(act<A>(g[0] * wt) * (u[0] * wt), act<A>(g[1] * wt) * (u[1] * wt));
+      }
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < kNT; ++jj) {
+        const float* g = &pr.sum.v[mi][jj][2 * h];
+        *reinterpret_cast<float2*>(orow + c0 + 8 * jj) = make_float2(act<A>(g[0] * wt), act<A>(g[1] * wt));
+      }
+    }
+  });
 }
 
-// gemm2 on BM 64 tiles, grid (tiles_max, H / 256 / kSubs): A = aq rows, B = w2 codes, kSubs N tiles
-// of 256 columns one after the other (kSubs 2: H % 512 == 0, the host checks); y = the promoted sums.
-template <int kSubs, int kStages>
+// gemm2 on BM 64 tiles, grid (tiles_max, H / 256): A = aq rows, B = w2 codes, N tiles of 256 columns;
+// y = the promoted sums.
+template <int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm2_blk_mma_kernel(BlkArgs p, const uint8_t* aq, const uint8_t* w2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -327,45 +280,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (e < 0) return;
   const int row0 = p.tile_row0[tile], row_end = p.offsets[e + 1], nrows = row_end - row0;
   const int tid = threadIdx.x, lane = tid & 31, wn = (tid >> 5) % MmaTile::kWN;
-  const int h0 = blockIdx.y * kSubs * kBN, k2 = p.I / 2, KT = p.I / kBlk, NB = p.H / kBlk;
+  const int h0 = blockIdx.y * kBN, k2 = p.I / 2, KT = p.I / kBlk, NB = p.H / kBlk;
   TileSources<E4m3x2, kMmaBM> src;
   mma_a_rows(src, aq, p.I, row0, row_end, tid);
   mma_w2_rows(src, w2, e, p.H, p.I, h0, tid);
-  src.b_sub = int64_t(kBN) * k2;
   constexpr int kNT = MmaTile::kNT;
   const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
   const float* ws = p.w_scale + (int64_t(e) * NB) * KT;
-  const float* wrows[2 * kSubs];  // per sub-tile j: its two 128-column blocks (clamped below NB)
-#pragma unroll
-  for (int j = 0; j < kSubs; ++j) {
-    const int b0 = (h0 + j * kBN) / kBlk;
-    wrows[2 * j] = ws + int64_t(b0) * KT;
-    wrows[2 * j + 1] = ws + int64_t(min(b0 + 1, NB - 1)) * KT;
-  }
+  const int b0 = h0 / kBlk;  // the tile's two 128-column blocks (clamped below NB)
+  const float* wrows[2] = {ws + int64_t(b0) * KT, ws + int64_t(min(b0 + 1, NB - 1)) * KT};
   float* scales = reinterpret_cast<float*>(smem_raw + blk_stage_bytes(kStages));
-  stage_blk_scales<2 * kSubs>(scales, p.a_scale, row0, nrows, KT, wrows);
+  stage_blk_scales(scales, p.a_scale, row0, nrows, KT, wrows);
   const int wlo = (wn * MmaTile::kWarpCols) / kBlk;
-  auto pr = blk_promote<false, kSubs, kStages>(scales, KT, wlo, wlo);
-
-  auto epilogue = [&](int j) {
-    const int hcj = hc + j * kBN;
-    if (hcj >= p.H) return;
-    const int c0 = hcj + 2 * (lane & 3);
-    for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
-      float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
-#pragma unroll
-      for (int jj = 0; jj < kNT; ++jj) {
-        *reinterpret_cast<float2*>(yrow + 8 * jj) = make_float2(pr.sum.v[mi][jj][2 * h], pr.sum.v[mi][jj][2 * h + 1]);
-      }
-    });
-  };
+  auto pr = blk_promote<false, kStages>(scales, KT, wlo, wlo);
   Acc<kNT> acc;
-  mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr,
-                                                   [&](int j) {
-                                                     epilogue(j);
-                                                     pr.init();
-                                                   });
-  epilogue(kSubs - 1);
+  mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, nrows, acc, pr);
+
+  if (hc >= p.H) return;
+  const int c0 = hc + 2 * (lane & 3);
+  for_lane_rows(lane, nrows, [&](int mi, int h, int rl) {
+    float* yrow = p.out + int64_t(row0 + rl) * p.H + c0;
+#pragma unroll
+    for (int jj = 0; jj < kNT; ++jj) {
+      *reinterpret_cast<float2*>(yrow + 8 * jj) = make_float2(pr.sum.v[mi][jj][2 * h], pr.sum.v[mi][jj][2 * h + 1]);
+    }
+  });
 }
 
 // ---------------------------------------------------------------- host side
@@ -411,27 +350,27 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                               "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 
-// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles / kSubs), pipelines kStages1 (gemm1) and
-// kStages2 (gemm2) deep) and the quantization of a between them.
-template <int kSubs, int kStages1, int kStages2>
+// The BM 64 gemms (mma.sync, grid (tiles_max, N tiles), pipelines kStages1 (gemm1) and kStages2
+// (gemm2) deep) and the quantization of a between them.
+template <int kStages1, int kStages2>
 Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   const unsigned n_tiles1 = unsigned(ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN)), n_tiles2 = unsigned(ceil_div(d.H, kBN));
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kSubs, kStages1>;
+    return gemm1_blk_mma_kernel<decltype(g1u1)::value, decltype(act)::value, kStages1>;
   });
   // Shared memory beyond launch_mma's 4 stages.
   const size_t more1 = size_t(blk_stage_bytes(kStages1)) - size_t(MmaTile::kSmemBytes);
   const size_t more2 = size_t(blk_stage_bytes(kStages2)) - size_t(MmaTile::kSmemBytes);
-  MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1 / kSubs), s,
+  MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), n_tiles1), s,
                                     "fused_moe_sm90_grouped_fp8_block gemm1 (BM 64)", g1, base + l.xq,
                                     static_cast<const uint8_t*>(p.w1.data),
-                                    more1 + blk_mma_scale_bytes(d.H / kBlk, kSubs)));
+                                    more1 + blk_mma_scale_bytes(d.H / kBlk)));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a (BM 64)"));
-  return launch_mma(gemm2_blk_mma_kernel<kSubs, kStages2>, dim3(unsigned(l.tiles_max), n_tiles2 / kSubs), s,
+  return launch_mma(gemm2_blk_mma_kernel<kStages2>, dim3(unsigned(l.tiles_max), n_tiles2), s,
                     "fused_moe_sm90_grouped_fp8_block gemm2 (BM 64)", g2, static_cast<const uint8_t*>(base + l.aq),
-                    static_cast<const uint8_t*>(p.w2.data), more2 + blk_mma_scale_bytes(d.I / kBlk, kSubs));
+                    static_cast<const uint8_t*>(p.w2.data), more2 + blk_mma_scale_bytes(d.I / kBlk));
 }
 
 // The pipeline depth of a one-N-tile BM 64 gemm over K on `ctas` CTAs: 5 stages (200 KiB) for long
@@ -443,23 +382,14 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
 // thresholds sit between those points; _s5 times every shape with 5 to place them better.
 constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinCtas = 6 * 132;
 inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
-  if (!blk_mma_fits(K / kBlk, 1, 5)) return 4;
+  if (!blk_mma_fits(K / kBlk, 5)) return 4;
   return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinCtas) ? 5 : 4;
 }
 
-// Whether the BM 64 gemms can take two N sub-tiles per CTA: every N tile full and their count even
-// (gemm1: I % 256 == 0 for g1u1, I % 512 == 0 for g1u0; gemm2: H % 512 == 0), and the scales of
-// two sub-tiles fit beside the stages.
-inline bool blk_mma_two_subs_ok(const MoeDims& d) {
-  return (d.g1u1 ? d.I % 256 == 0 : d.I % 512 == 0) && d.H % 512 == 0 &&
-         blk_mma_fits(std::max(d.H, d.I) / kBlk, 2);
-}
-
-// subs: N sub-tiles per CTA of the BM 64 gemms (1, or 2 when blk_mma_two_subs_ok); force5: one-tile
-// BM 64 gemms with 5 stages wherever they fit (blk_mma_stages); tma64: the BM 64 gemms on TMA +
-// wgmma (64 x 256 tiles) instead of mma.sync.
+// force5: the BM 64 gemms with 5 stages wherever they fit (blk_mma_stages); tma64: the BM 64 gemms on
+// TMA + wgmma (64 x 256 tiles) instead of mma.sync.
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs, bool force5, bool tma64) {
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, bool force5, bool tma64) {
   const MoeDims d = moe_dims(p);
   const Fp8Workspace l = blk_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
@@ -486,12 +416,11 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, int
   const auto gemms = [&]() -> Status {
     if (bm != kMmaBM) return run_blk_tma<128>(p, l, g1, g2, base, s);
     if (tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
-    if (subs == 2) return run_blk_mma<2, 4, 4>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
     const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5) == 5;
-    if (five1) return five2 ? run_blk_mma<1, 5, 5>(p, l, g1, g2, base, s) : run_blk_mma<1, 5, 4>(p, l, g1, g2, base, s);
-    return five2 ? run_blk_mma<1, 4, 5>(p, l, g1, g2, base, s) : run_blk_mma<1, 4, 4>(p, l, g1, g2, base, s);
+    if (five1) return five2 ? run_blk_mma<5, 5>(p, l, g1, g2, base, s) : run_blk_mma<5, 4>(p, l, g1, g2, base, s);
+    return five2 ? run_blk_mma<4, 5>(p, l, g1, g2, base, s) : run_blk_mma<4, 4>(p, l, g1, g2, base, s);
   };
   MOEKIT_RETURN_IF_ERROR(gemms());
 
@@ -520,16 +449,15 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 
 namespace {
 
-Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, int subs = 1, bool force5 = false,
-                  bool tma64 = false) {
+Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, bool force5 = false, bool tma64 = false) {
   return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, subs, force5, tma64); });
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, force5, tma64); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
 Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM); }
 Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, grouped::kMmaBM, 1, true);
+  return run_blk_bm(p, ctx, grouped::kMmaBM, true);
 }
 
 // Whether the 64-row tiles take p: their scales for K / 128 slices sit in shared memory beside the
@@ -543,23 +471,11 @@ Status supports_bm64(const FusedMoeParams& p) {
   if (!bm64_fits(p)) {
     const MoeDims d = moe_dims(p);
     return Unsupported("H, I: the 64-row tiles stage K / 128 scales in shared memory, max(H, I) <= ",
-                       fused_moe_sm90_grouped_fp8_block_bm64_max_k(1), ", got H = ", d.H, ", I = ", d.I);
+                       fused_moe_sm90_grouped_fp8_block_bm64_max_k(), ", got H = ", d.H, ", I = ", d.I);
   }
   return Status::Ok();
 }
 
-// Two N sub-tiles per CTA (fused_moe_sm90_grouped_fp8_block_bm64_n2).
-Status supports_bm64_n2(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(supports_bm64(p));
-  const MoeDims d = moe_dims(p);
-  if (!grouped::blk_mma_two_subs_ok(d)) {
-    return Unsupported("H, I: two N sub-tiles per CTA need full N tiles in even numbers (H % 512 == 0, I % ",
-                       d.g1u1 ? 256 : 512, " == 0) and max(H, I) <= ", fused_moe_sm90_grouped_fp8_block_bm64_max_k(2),
-                       ", got H = ", d.H, ", I = ", d.I);
-  }
-  return Status::Ok();
-}
-Status run_bm64_n2(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM, 2); }
 
 // 64 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_tma64): whole N tiles only.
 Status supports_tma64(const FusedMoeParams& p) {
@@ -573,7 +489,7 @@ Status supports_tma64(const FusedMoeParams& p) {
   return Status::Ok();
 }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, grouped::kMmaBM, 1, false, true);
+  return run_blk_bm(p, ctx, grouped::kMmaBM, false, true);
 }
 
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
@@ -621,13 +537,6 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
          90, erase_supports<FusedMoeParams, supports_bm64>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
-  // NOTE: priority 80, in no auto kernel: on the H200 (2026-12-01, docs/PERF.md) its tests pass and
-  // it is 0.5-1% slower than ..._bm64 at DeepSeek-V3 T = 8 / 64 / 512.
-  r.add({"fused_moe_sm90_grouped_fp8_block_bm64_n2", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "as fused_moe_sm90_grouped_fp8_block_bm64, two N tiles per CTA in one cp.async pipeline (the second "
-         "one's loads cover the first one's epilogue); H % 512 == 0",
-         80, erase_supports<FusedMoeParams, supports_bm64_n2>,
-         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_n2>});
   // Priority 75, in no auto kernel (yet): 64-row tiles on TMA + wgmma (QGMMA) instead of the emulated
   // mma.sync on e4m3 of ..._bm64.
   r.add({"fused_moe_sm90_grouped_fp8_block_tma64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,

@@ -19,19 +19,19 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 // Runs the kernel (p validated and supported, ctx.workspace on the device).
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx);
 
-// Shared memory of the 64-row tiles (fused_moe_sm90_grouped_fp8_block_bm64, _bm64_n2): the
+// Shared memory of the 64-row mma.sync tiles (fused_moe_sm90_grouped_fp8_block_bm64): the
 // mainloop's cp.async stages (4 or 5) of (64 + 256) rows x 128 codes (40 KiB each) and behind them
-// (64 + 2 subs) f32 scales per 128-wide K slice (subs: N tiles per CTA, 1 or 2), within one CTA's
-// 227 KiB. The largest K = max(H, I) they take: 4 stages 33152 (subs 1), 32256 (subs 2); 5 stages
-// 13312 (subs 1). Mixtral's I = 14336 is the largest of the presets (4 stages).
+// 64 + 2 f32 scales per 128-wide K slice, within one CTA's 227 KiB. The largest K = max(H, I) they
+// take: 33152 with 4 stages, 13312 with 5. Mixtral's I = 14336 is the largest of the presets (4
+// stages).
 constexpr int64_t kFp8BlockBm64StageBytes = (64 + 256) * 128;
 constexpr int64_t kFp8BlockBm64MaxSmem = 227 * 1024;
-constexpr int64_t fused_moe_sm90_grouped_fp8_block_bm64_max_k(int subs, int stages = 4) {
-  return (kFp8BlockBm64MaxSmem - stages * kFp8BlockBm64StageBytes) / ((64 + 2 * subs) * 4) * 128;
+constexpr int64_t fused_moe_sm90_grouped_fp8_block_bm64_max_k(int stages = 4) {
+  return (kFp8BlockBm64MaxSmem - stages * kFp8BlockBm64StageBytes) / ((64 + 2) * 4) * 128;
 }
 
 // The kernel with its M tile rows chosen by fused_moe_sm90_grouped_fp8_block_tile_m
-// (fused_moe_heuristic.h): 64 (mma.sync, when max(H, I) <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(1))
+// (fused_moe_heuristic.h): 64 (mma.sync, when max(H, I) <= fused_moe_sm90_grouped_fp8_block_bm64_max_k())
 // or 128 (QGMMA); what fused_moe_sm90_fp8_block runs for its grouped strategy.
 size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p);
 Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx);

@@ -130,7 +130,6 @@ struct TileSources {
   const TT* b_run[2];
   int64_t b_step;
   uint32_t b_ok;
-  int64_t b_sub;                  // elements from one N sub-tile's B rows to the next (Hook::kSubs > 1)
 };
 __device__ __forceinline__ int loader_row(int tid, int i) { return (tid >> 3) + i * (kThreads / 8); }
 
@@ -156,7 +155,6 @@ __device__ __forceinline__ void for_lane_rows(int lane, int nrows, F&& f) {
   }
 }
 
-// b_off: elements added to every B row (the N sub-tile of a mainloop with Hook::kSubs > 1).
 template <class TT, int BM>
 __device__ __forceinline__ void load_stage(uint32_t stage, const TileSources<TT, BM>& src, int k0, int tid,
                                            int64_t b_off = 0) {
@@ -220,13 +218,6 @@ __device__ __forceinline__ void load_frags(Frags<2 * NG>& f, uint32_t sa, uint32
 // partial sums into its own accumulators and zeroes acc (fused_moe_sm90_grouped_fp8_block.cu).
 struct NoSliceHook {
   static constexpr bool kActive = false;
-  static constexpr int kSubs = 1;
-};
-
-// What the mainloop calls between N sub-tiles (Hook::kSubs > 1): sub_done(j) after the last slice
-// of sub-tile j < kSubs - 1 (the caller's epilogue of j, while the next one's stages are in flight).
-struct NoSubDone {
-  __device__ __forceinline__ void operator()(int) const {}
 };
 
 // The mainloop's cp.async pipeline depth: Hook::kStages when the hook has one, else kStages (the
@@ -257,18 +248,14 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 // of the others are all invalid: their accumulators stay 0).
 // Hook: NoSliceHook, or a type with kActive = true and slice<MA>(kt, acc), called after the last
 // MMA of K slice kt.
-// Hook::kSubs = 2: two N sub-tiles in one pipeline, K slices 0..KT-1 of the first then of the
-// second (B rows advanced by src.b_sub elements; kt counts on, KT..2KT-1); sub_done(0) runs after
-// the first one's last slice (its hook call included) while the second one's first stages load.
-// NOTE: one CTA per SM (255 registers, 160 KiB + scales) pays its pipeline fill and epilogue once per
-// output tile; the second sub-tile's loads cover the first one's epilogue.
-template <class TT, int BM, int kSplit, int MA = 4, class Hook = NoSliceHook, class SubDone = NoSubDone>
+// NOTE: two N tiles per CTA in one pipeline (the second one's first stages loading while the
+// first one's epilogue runs) measured 0.5-1% slower than one (H200, 2026-12-01, the block-scaled
+// BM 64 gemms, docs/PERF.md) and was removed.
+template <class TT, int BM, int kSplit, int MA = 4, class Hook = NoSliceHook>
 __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
-                                         Acc<Tile<BM>::kNT>& acc, Hook& hook, const SubDone& sub_done = SubDone()) {
+                                         Acc<Tile<BM>::kNT>& acc, Hook& hook) {
   using Tl = Tile<BM>;
   static_assert(MA >= 1 && MA <= 4, "1 to 4 m16 tiles per warp");
-  constexpr int kSubs = Hook::kSubs;
-  static_assert(kSubs == 1 || kSubs == 2, "1 or 2 N sub-tiles");
   constexpr int kStageBytes = Tl::kStageElems * 2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wrow = (warp / Tl::kWN) * kWarpRows;
@@ -287,31 +274,22 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc.v[mi][j][q] = 0.0f;
 
-  const int KT = K / kBK, KTT = kSubs * KT;  // slices per sub-tile, in all
+  const int KT = K / kBK;
   constexpr int kStages = HookStages<Hook>::value;
   static_assert(kStages * Tl::kStageElems * 2 <= 227 * 1024, "the stages fit one CTA's shared memory");
-  // Loads K slice g of the whole sequence (sub-tile g / KT) into the stage at `stage`.
-  auto load = [&](uint32_t stage, int g) {
-    if constexpr (kSubs == 1) {
-      load_stage<TT, BM>(stage, src, g * kBK, tid);
-    } else {
-      const bool second = g >= KT;
-      load_stage<TT, BM>(stage, src, (second ? g - KT : g) * kBK, tid, second ? src.b_sub : 0);
-    }
-  };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KTT) load(s0 + s * kStageBytes, s);
+    if (s < KT) load_stage<TT, BM>(s0 + s * kStageBytes, src, s * kBK, tid);
     cp_async_commit();
   }
   cp_async_wait<kStages - 2>();
   __syncthreads();  // stage 0 landed for every thread
   Frags<Tl::kNT> f[2];
   load_frags<Tl::kNG, kSplit, MA>(f[0], s0, s0 + Tl::kBM * kBK * 2, la, 0);
-  for (int kt = 0; kt < KTT; ++kt) {
+  for (int kt = 0; kt < KT; ++kt) {
     // Slot (kt - 1) % kStages was last read before the barrier of the previous iteration.
     const int pf = kt + kStages - 1;
-    if (pf < KTT) load(s0 + (pf % kStages) * kStageBytes, pf);
+    if (pf < KT) load_stage<TT, BM>(s0 + (pf % kStages) * kStageBytes, src, pf * kBK, tid);
     cp_async_commit();
 
     const uint32_t sa = s0 + (kt % kStages) * kStageBytes;
@@ -327,7 +305,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
         // HMMAs of this last step run.
         cp_async_wait<kStages - 2>();
         __syncthreads();
-        if (kt + 1 < KTT) {
+        if (kt + 1 < KT) {
           const uint32_t na = s0 + ((kt + 1) % kStages) * kStageBytes;
           load_frags<Tl::kNG, kSplit, MA>(f[(ks + 1) & 1], na, na + Tl::kBM * kBK * 2, la, 0);
         }
@@ -335,9 +313,6 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
       mma_step<TT, Tl::kNT, MA>(acc, f[ks & 1]);
     }
     if constexpr (Hook::kActive) hook.template slice<MA>(kt, acc);
-    if constexpr (kSubs > 1) {
-      if (kt == KT - 1) sub_done(0);
-    }
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -348,15 +323,14 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 // of every warp). NOTE: experts with few rows (DeepSeek-V3 / Qwen3 at small T: 4-32 rows) are
 // where the padded MMA work dominated; BM 128 always runs all 4 (its tiles hold >= 64 rows on
 // average) so its mainloop stays one straight-line block.
-template <class TT, int BM, int kSplit, class Hook = NoSliceHook, class SubDone = NoSubDone>
+template <class TT, int BM, int kSplit, class Hook = NoSliceHook>
 __device__ __forceinline__ void mainloop_rows(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
-                                              int rows, Acc<Tile<BM>::kNT>& acc, Hook& hook,
-                                              const SubDone& sub_done = SubDone()) {
+                                              int rows, Acc<Tile<BM>::kNT>& acc, Hook& hook) {
   if constexpr (Tile<BM>::kWM == 1) {
-    if (rows <= 16) return mainloop<TT, BM, kSplit, 1>(smem, src, K, nbase0, acc, hook, sub_done);
-    if (rows <= 32) return mainloop<TT, BM, kSplit, 2>(smem, src, K, nbase0, acc, hook, sub_done);
+    if (rows <= 16) return mainloop<TT, BM, kSplit, 1>(smem, src, K, nbase0, acc, hook);
+    if (rows <= 32) return mainloop<TT, BM, kSplit, 2>(smem, src, K, nbase0, acc, hook);
   }
-  mainloop<TT, BM, kSplit, 4>(smem, src, K, nbase0, acc, hook, sub_done);
+  mainloop<TT, BM, kSplit, 4>(smem, src, K, nbase0, acc, hook);
 }
 template <class TT, int BM, int kSplit>
 __device__ __forceinline__ void mainloop_rows(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
