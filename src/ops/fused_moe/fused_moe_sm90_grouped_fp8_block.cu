@@ -16,16 +16,20 @@
 //   4. quant a    a re-quantized per (row, 128-group).
 //   5. gemm2      the same mainloop on a (N tile: 128 columns of H); y in f32.
 //   6. reduce     out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
-// The 128-row gemms (3 and 5) are in fused_moe_sm90_grouped_fp8_block_tma.cuh.
+// The TMA gemms (3 and 5) are in fused_moe_sm90_grouped_fp8_block_tma.cuh.
+// fused_moe_sm90_grouped_fp8_block_tma64 routes into 64-row M tiles and runs the same gemms on 64 x
+// 256 tiles (both consumer warpgroups on the 64 rows, 128 columns each; H % 256 == 0): for experts
+// with up to 128 rows, where a 128-row tile is mostly padding.
 // fused_moe_sm90_grouped_fp8_block_bm64 routes into 64-row M tiles and runs gemm1 / gemm2 on the
-// cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels, promoting per K slice
-// through the mainloop's slice hook (BlkPromote) from scales staged in shared memory: for experts
-// with up to 16 rows, where a 128-row QGMMA tile is mostly padding (fused_moe_sm90_fp8_block picks
-// the tiles by fused_moe_sm90_grouped_fp8_block_tile_m).
+// cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels (emulated on sm_90: two
+// HMMA per MMA), promoting per K slice through the mainloop's slice hook (BlkPromote) from scales
+// staged in shared memory: the 64-row tiles where the TMA ones do not take the shape.
+// fused_moe_sm90_fp8_block picks among them by fused_moe_sm90_grouped_fp8_block_tile_m.
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
-// (A 128 rows + two 64-row B boxes of 128 codes; BlkCfg in the _tma.cuh). BM 64 (ptxas, nvcc 13.0): 255
+// (A 128 rows + two 64-row B boxes of 128 codes; BlkCfg in the _tma.cuh; 64 x 256 tiles: 5 stages of
+// 40 KiB). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
 // 160 or 200 KiB of stages + (64 + 2) * K / 128 floats of scales (fused_moe_sm90_grouped_fp8_block_bm64_max_k).
