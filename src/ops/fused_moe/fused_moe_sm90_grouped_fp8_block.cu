@@ -390,11 +390,16 @@ inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
   return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinCtas) ? 5 : 4;
 }
 
-// force5: the BM 64 gemms with 5 stages wherever they fit (blk_mma_stages); tma64: the BM 64 gemms on
-// TMA + wgmma (64 x 256 tiles) instead of mma.sync.
+// The gemms' tiles: 128 x 128 TMA + QGMMA, 64-row mma.sync, or 64 x 256 TMA + QGMMA; the routing
+// cuts M tiles of blk_tile_rows rows for them.
+enum class BlkTiles { tma128, mma64, tma64 };
+constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 ? 128 : kMmaBM; }
+
+// force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, bool force5, bool tma64) {
+Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
   const MoeDims d = moe_dims(p);
+  const int bm = blk_tile_rows(tiles);
   const Fp8Workspace l = blk_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
@@ -418,8 +423,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false};
   const auto gemms = [&]() -> Status {
-    if (bm != kMmaBM) return run_blk_tma<128>(p, l, g1, g2, base, s);
-    if (tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma128) return run_blk_tma<128>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
     const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5) == 5;
@@ -453,16 +458,19 @@ size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p)
 
 namespace {
 
-Status run_blk_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, bool force5 = false, bool tma64 = false) {
-  return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, bm, force5, tma64); });
+using grouped::BlkTiles;
+
+size_t blk_workspace(const FusedMoeParams& p, BlkTiles tiles) {
+  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles)).total;
+}
+Status run_blk(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5 = false) {
+  return grouped::run_fp8_entry(p, ctx, blk_workspace(p, tiles), "fused_moe_sm90_grouped_fp8_block",
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, tiles, force5); });
 }
 
-size_t workspace_bm64(const FusedMoeParams& p) { return grouped::blk_layout_of(p, grouped::kMmaBM).total; }
-Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk_bm(p, ctx, grouped::kMmaBM); }
-Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, grouped::kMmaBM, true);
-}
+size_t workspace_bm64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::mma64); }
+Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::mma64); }
+Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::mma64, true); }
 
 // Whether the 64-row tiles take p: their scales for K / 128 slices sit in shared memory beside the
 // stages (K = H for gemm1, I for gemm2).
@@ -480,7 +488,6 @@ Status supports_bm64(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-
 // 64 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_tma64): whole N tiles only.
 Status supports_tma64(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
@@ -492,13 +499,10 @@ Status supports_tma64(const FusedMoeParams& p) {
   }
   return Status::Ok();
 }
-Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, grouped::kMmaBM, false, true);
-}
+Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma64); }
 
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
 // else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 128.
-enum class BlkTiles { tma128, mma64, tma64 };
 BlkTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const bool t64 = supports_tma64(p).ok();
@@ -512,19 +516,14 @@ BlkTiles tiled(const FusedMoeParams& p) {
 }  // namespace
 
 Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk_bm(p, ctx, 128);
+  return run_blk(p, ctx, BlkTiles::tma128);
 }
 
 size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::blk_layout_of(p, tiled(p) == BlkTiles::tma128 ? 128 : grouped::kMmaBM).total;
+  return blk_workspace(p, tiled(p));
 }
 Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
-  switch (tiled(p)) {
-    case BlkTiles::tma64: return run_tma64(p, ctx);
-    case BlkTiles::mma64: return run_bm64(p, ctx);
-    case BlkTiles::tma128: break;
-  }
-  return run_blk_bm(p, ctx, 128);
+  return run_blk(p, ctx, tiled(p));
 }
 
 void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
