@@ -7,6 +7,8 @@
 // FusedMoeSm90GroupedFp8Bm64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64 (64-row tiles on
 // mma.sync e4m3): edge cases, presets at decode-sized T, several 64-row tiles per expert with tails,
 // the router weight on the input, a static scale, g1u0 with gelu and an expert map, zero / large rows.
+// Suite FusedMoeSm90GroupedFp8Tma64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_tma64 (64 x 256
+// tiles on TMA + QGMMA; H % 256 == 0).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'  (Bm64 included)
 #include <gtest/gtest.h>
@@ -39,10 +41,12 @@ constexpr const char* kAutoTkw1 = "fused_moe_sm90_fp8_row_tkw1";
 
 void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
 
-// Refused by design: shuffled and CPU-packed weights, H or I not multiples of 128.
+// Refused by design: shuffled and CPU-packed weights, H or I not multiples of 128 (the tma64 kernels:
+// H not a multiple of 256).
 bool may_skip(const std::string& name, const std::string& detail) {
   return name.find("shuffled") != std::string::npos || name.find("(packed)") != std::string::npos ||
-         detail.find("multiple of 128") != std::string::npos || detail.find("multiple of 16") != std::string::npos;
+         detail.find("multiple of 128") != std::string::npos || detail.find("multiple of 16") != std::string::npos ||
+         detail.find("multiple of 256") != std::string::npos;
 }
 
 TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
@@ -198,6 +202,77 @@ TEST(FusedMoeSm90GroupedFp8Bm64, ZeroRowsAndLargeValues) {
   MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 12, 5, 2, 128, 128));
   moe_test::set_zero_and_large_rows(&prob);
   expect_bm64_matches_ref(prob);
+}
+
+constexpr const char* kRowT64 = "fused_moe_sm90_grouped_fp8_row_tma64";
+constexpr const char* kTkw1T64 = "fused_moe_sm90_grouped_fp8_row_tkw1_tma64";
+
+#define SKIP_WITHOUT_TMA64()                                               \
+  do {                                                                     \
+    const std::string why = moe_test::cuda_kernel_unavailable(kRowT64);    \
+    if (!why.empty()) GTEST_SKIP() << why;                                 \
+  } while (0)
+
+void expect_tma64_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRowT64, kTkw1T64); }
+
+TEST(FusedMoeSm90GroupedFp8Tma64, EdgeCasesPerTensorPerRowAndWeightOnInput) {
+  SKIP_WITHOUT_TMA64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
+                                       kRowT64, kTkw1T64, may_skip);
+    }
+  }
+}
+
+TEST(FusedMoeSm90GroupedFp8Tma64, Presets) {
+  SKIP_WITHOUT_TMA64();
+  for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
+    SCOPED_TRACE(model);
+    CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {8, 48}, std::string(model) == "llama4", model);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRowT64, kTkw1T64, may_skip);
+  }
+}
+
+// Experts with 16, 17, 32, 33, 64, 65 rows (the warp rows, one and two 64-row tiles per expert) and
+// 64, 65, 1, 130, 129 (up to three tiles, partial last tiles, an empty expert); H = 512 (4 K slices,
+// gemm2: two N tiles of 256), I = 256 (gemm1: two N tiles of 128 gate + 128 up columns).
+TEST(FusedMoeSm90GroupedFp8Tma64, RowCountsAndTailTiles) {
+  SKIP_WITHOUT_TMA64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem widths = make(small_shape(sc, 227, 6, 1, 512, 256));
+    moe_test::assign_expert_rows(&widths, {16, 17, 32, 33, 64, 65});
+    expect_tma64_matches_ref(widths);
+    MoeProblem tails = make(small_shape(sc, 389, 6, 1, 512, 256));
+    moe_test::assign_expert_rows(&tails, {64, 65, 1, 130, 129});
+    expect_tma64_matches_ref(tails);
+  }
+}
+
+// The router weight on the input (k = 1) with I = 384 (three gemm1 N tiles), a static activation
+// scale, g1u0 gelu with an expert map (I = 512: two N tiles of 256), rows of zeros and large values,
+// and supports() on device tensors (H % 256).
+TEST(FusedMoeSm90GroupedFp8Tma64, ShapesAndEdges) {
+  SKIP_WITHOUT_TMA64();
+  MoeShape on_input = small_shape(Scheme::fp8_channel, 100, 4, 1, 256, 384);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  expect_tma64_matches_ref(tkw1);
+  MoeProblemOptions o;
+  o.static_a1_scale = true;
+  MoeProblem fixed = make(small_shape(Scheme::fp8_channel, 20, 6, 2, 256, 256), o);
+  expect_tma64_matches_ref(fixed);
+  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 40, 10, 3, 256, 512);
+  expect_tma64_matches_ref(g1u0);
+  MoeProblem zl = make(small_shape(Scheme::fp8_tensor, 12, 5, 2, 256, 128));
+  moe_test::set_zero_and_large_rows(&zl);
+  expect_tma64_matches_ref(zl);
+  const Kernel* k = registry().find(kRowT64);
+  ASSERT_NE(k, nullptr);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
@@ -356,6 +357,181 @@ __global__ void __launch_bounds__(kThreads, 1)
   });
 }
 
+// ---------------------------------------------------------------- 64 x 256 tiles: TMA + QGMMA
+// fused_moe_sm90_grouped_fp8_row_tma64: the fp8 ring of fused_moe_sm90_grouped_fp8_ring.cuh with
+// 64 x 256 tiles (Fp8Ring<64>: a 64-row A box and four 64-row B boxes per slice; warpgroup wg
+// multiplies the 64 rows by boxes 2 wg and 2 wg + 1 with wgmma m64n128k32), for experts with few
+// rows, in place of the 64-row mma.sync tiles (which sm_90 runs as emulated e4m3 MMAs). The
+// epilogues are those of the BM 64 kernels: the warp's column scales and the lane's row scales in
+// registers before the first store.
+using Ring64 = Fp8Ring<64>;
+
+// Consumer warpgroup wg: acc = its 64 rows x 128 columns of the tile over the KT slices, as
+// ws_consume_tile (one group pending; a slice's stage is released once the next group is issued and
+// the slice's group completed).
+__device__ __forceinline__ void row64_consume_tile(const Ring64::Smem& sm, Ring64::Ring& ring, int wg, int KT,
+                                                   float (&acc)[16][4]) {
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t b_off = Ring64::b_off(wg);
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+  int prev = -1;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.full(ring.s), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s));
+    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s) + b_off);
+    fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(acc, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs(acc);
+    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+    prev = ring.s;
+    ring.next();
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+}
+
+// The persistent schedule of the 64 x 256 kernels: boxes(m, n, row0, b_rows) -> the A first row and
+// the four B box rows, epi(m, n, wg, acc). The producer warpgroup returns early; no CTA-wide barrier
+// may follow.
+template <class Boxes, class Epi>
+__device__ __forceinline__ void row64_run(const Ring64::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
+                                          const Fp8GemmArgs& p, int n_tiles, int K, Boxes boxes, Epi epi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kSliceCodes;
+  Ring64::Ring ring;
+  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
+    if (warp != kWsConsumerWarps || lane != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int m, n, row0, b_rows[Ring64::kBoxes];
+      ws_tile(t, num_m, n_tiles, m, n);
+      boxes(m, n, row0, b_rows);
+      fp8_ring_produce<64>(sm, ring, ma, mb, row0, b_rows, KT);
+    }
+    return;
+  }
+  const int wg = warp >> 2;
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int m, n;
+    ws_tile(t, num_m, n_tiles, m, n);
+    float acc[16][4];
+    row64_consume_tile(sm, ring, wg, KT, acc);
+    epi(m, n, wg, acc);
+  }
+}
+
+// gemm1: N tiles of 128 gate + 128 up columns (g1u1; warpgroup wg: gate and up columns i0 + 64 wg ..)
+// or 256 (g1u0; warpgroup wg: i0 + 128 wg ..); a as gemm1_fp8_kernel.
+template <bool G1U1, Activation A>
+__global__ void __launch_bounds__(kFp8RingThreads, 1)
+    gemm1_fp8_row64_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                           Fp8GemmArgs p, int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const Ring64::Smem sm = ws_setup<Ring64::Smem>(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n1 = G1U1 ? 2 * p.I : p.I;
+  constexpr int nb = G1U1 ? 128 : 256, wg_cols = nb / 2;  // gate columns of a tile, of a warpgroup
+  row64_run(
+      sm, &ma, &mb, p, n_tiles, p.H,
+      [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
+        const int e = p.tile_expert[m], i0 = n * nb;
+        row0 = p.tile_row0[m];
+#pragma unroll
+        for (int k = 0; k < Ring64::kBoxes; ++k) {  // g1u1: gate, up, gate, up; g1u0: consecutive
+          b[k] = e * n1 + (G1U1 ? (k % 2) * p.I + (k / 2) * 64 + i0 : i0 + 64 * k);
+        }
+      },
+      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), r0 = Ring64::row_of(warp, lane);
+        if (r0 >= nrows) return;  // neither of the lane's rows is real
+        const float ws_e = wscale_e(p, e);
+        float2 wg_s[G1U1 ? 8 : 16], wu_s[G1U1 ? 8 : 1];  // column scales, loaded before the stores
+#pragma unroll
+        for (int j = 0; j < (G1U1 ? 8 : 16); ++j) wg_s[j] = wscale2(p, ws_e, e, i0 + 8 * j + c0, n1);
+        if constexpr (G1U1) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) wu_s[j] = wscale2(p, ws_e, e, p.I + i0 + 8 * j + c0, n1);
+        }
+        float sx[2], wr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + r0 + 8 * h;
+          const bool real = r0 + 8 * h < nrows;
+          sx[h] = real ? p.row_scale[row] : 0.0f;
+          wr[h] = real && p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (r0 + 8 * h >= nrows) continue;
+          const float s = sx[h], w = wr[h];
+          float* orow = p.out + int64_t(row0 + r0 + 8 * h) * p.I + i0 + c0;
+          if constexpr (G1U1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float* g = &acc[j][2 * h];
+              const float* u = &acc[j + 8][2 * h];
+              const float g0 = g[0] * s * wg_s[j].x * w, g1 = g[1] * s * wg_s[j].y * w;
+              const float u0 = u[0] * s * wu_s[j].x * w, u1 = u[1] * s * wu_s[j].y * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              const float* g = &acc[j][2 * h];
+              const float g0 = g[0] * s * wg_s[j].x * w, g1 = g[1] * s * wg_s[j].y * w;
+              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0), act<A>(g1));
+            }
+          }
+        }
+      });
+}
+
+// gemm2: N tiles of 256 rows of H (warpgroup wg: h0 + 128 wg ..); y = acc * s_a * w2_scale in f32.
+__global__ void __launch_bounds__(kFp8RingThreads, 1)
+    gemm2_fp8_row64_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                           Fp8GemmArgs p, int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const Ring64::Smem sm = ws_setup<Ring64::Smem>(smem_raw, &ma, &mb);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  row64_run(
+      sm, &ma, &mb, p, n_tiles, p.I,
+      [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
+        row0 = p.tile_row0[m];
+#pragma unroll
+        for (int k = 0; k < Ring64::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * 256 + 64 * k;
+      },
+      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * 256 + wg * 128;
+        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), r0 = Ring64::row_of(warp, lane);
+        if (r0 >= nrows) return;
+        const float ws_e = wscale_e(p, e);
+        float2 ws[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) ws[j] = wscale2(p, ws_e, e, h0 + 8 * j + c0, p.H);
+        float sa[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sa[h] = r0 + 8 * h < nrows ? p.row_scale[row0 + r0 + 8 * h] : 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (r0 + 8 * h >= nrows) continue;
+          float* yrow = p.out + int64_t(row0 + r0 + 8 * h) * p.H + h0 + c0;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const float* v = &acc[j][2 * h];
+            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v[0] * sa[h] * ws[j].x, v[1] * sa[h] * ws[j].y);
+          }
+        }
+      });
+}
+
 // ---------------------------------------------------------------- host side
 // The BM 128 gemms: persistent TMA + wgmma kernels (one CTA per SM at most), gemm2 in l.splits K
 // ranges.
@@ -390,8 +566,42 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
                           "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
 }
 
+// The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
+// Whole N tiles: H % 256 == 0, I % 128 (g1u1) or 256 (g1u0) == 0 (fused_moe_sm90_grouped_fp8_row_tma64's
+// supports).
+Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
+                     uint8_t* xq, uint8_t* aq, float* a, float* sa, cudaStream_t s) {
+  const MoeDims d = moe_dims(p);
+  CUtensorMap ma1, mb1, ma2, mb2;
+  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
+                                              "fused_moe_sm90_grouped_fp8 xq (tma64)"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), uint64_t(d.H),
+                                              uint64_t(d.H), 64, "fused_moe_sm90_grouped_fp8 w1 (tma64)"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I), 64,
+                                              "fused_moe_sm90_grouped_fp8 aq (tma64)"));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
+                                              uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8 w2 (tma64)"));
+  int sms = 0;
+  MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
+  auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
+  const int n_tiles1 = int(d.I / (d.g1u1 ? 128 : 256)), n_tiles2 = int(d.H / 256);
+  auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
+    return gemm1_fp8_row64_kernel<decltype(g1u1)::value, decltype(act)::value>;
+  });
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
+                                              s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", ma1, mb1, g1, n_tiles1));
+  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
+                                    "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
+                                    int(d.E), int(d.I), nullptr, aq, sa));
+  return launch_ws_kernel_cfg(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2), kFp8RingThreads,
+                              Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", ma2, mb2, g2,
+                              n_tiles2);
+}
+
 template <class TT>
-Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
+// bm: the M tile rows (128: TMA, 64: mma.sync, or TMA 64 x 256 tiles when tma64).
+Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64) {
   const MoeDims d = moe_dims(p);
   const Fp8Workspace l = fp8_layout_of(p, bm);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
@@ -424,7 +634,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm) {
                  p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
                  int(d.I), l.splits, w2_rows, false};
   const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
-  if (bm == kMmaBM) {
+  if (bm == kMmaBM && tma64) {
+    MOEKIT_RETURN_IF_ERROR(run_fp8_tma64(p, l, g1, g2, xq, aq, a, sa, s));
+  } else if (bm == kMmaBM) {
     auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
       return gemm1_fp8_mma_kernel<decltype(g1u1)::value, decltype(act)::value>;
     });
@@ -475,13 +687,26 @@ size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
 
 namespace {
 
-Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm) {
+Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64 = false) {
   return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8",
-                                [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, ctx, bm); });
+                                [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, ctx, bm, tma64); });
 }
 
 size_t workspace_bm64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM).total; }
 Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM); }
+
+// 64 x 256 TMA tiles (fused_moe_sm90_grouped_fp8_row_tma64): whole N tiles only.
+Status supports_tma64(const FusedMoeParams& p) {
+  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_supports(p));
+  const MoeDims d = moe_dims(p);
+  const int64_t n1 = d.g1u1 ? 128 : 256;
+  if (d.H % 256 != 0 || d.I % n1 != 0) {
+    return Unsupported("H, I: the 64 x 256 tiles need H a multiple of 256 and I a multiple of ", n1, ", got H = ",
+                       d.H, ", I = ", d.I);
+  }
+  return Status::Ok();
+}
+Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM, true); }
 
 }  // namespace
 
@@ -520,6 +745,16 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            "mma.sync m16n8k32 e4m3 (cp.async pipeline) f32 accumulate, f32 sum over k",
            90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
            erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
+  }
+  // 64 x 256 tiles on TMA + QGMMA (priority 85, in no auto kernel yet): for experts with few rows, in
+  // place of the emulated mma.sync of ..._bm64.
+  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_tma64" : "fused_moe_sm90_grouped_fp8_row_tkw1_tma64",
+           OpKind::fused_moe, v, Backend::cuda,
+           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64 x 256 tiles on "
+           "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
+           85, erase_supports<FusedMoeParams, supports_tma64>,
+           erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_tma64>});
   }
 }
 

@@ -28,8 +28,8 @@
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
-// (A 128 rows + two 64-row B boxes of 128 codes; BlkCfg in the _tma.cuh; 64 x 256 tiles: 5 stages of
-// 40 KiB). BM 64 (ptxas, nvcc 13.0): 255
+// (A 128 rows + two 64-row B boxes of 128 codes; Fp8Ring in fused_moe_sm90_grouped_fp8_ring.cuh; 64 x
+// 256 tiles: 5 stages of 40 KiB). BM 64 (ptxas, nvcc 13.0): 255
 // registers, gemm1 g1u0 no spills, g1u1 4 bytes (one activation), gemm2 32 bytes of spill stores
 // (64 partial + 64 promoted accumulators and double-buffered fragments per thread); shared memory
 // 160 or 200 KiB of stages + (64 + 2) * K / 128 floats of scales (fused_moe_sm90_grouped_fp8_block_bm64_max_k).
@@ -54,6 +54,7 @@
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
 
@@ -62,7 +63,6 @@ namespace grouped {
 namespace {
 
 constexpr int kBlk = 128;                                  // scale block (N and K) = one K slice of codes
-constexpr uint32_t kBoxBytes = 64 * 128;                   // one 64-row B box of 128 codes
 constexpr int kQThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
@@ -327,7 +327,7 @@ Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkA
 template <int kBM>
 Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
-  using C = BlkCfg<kBM>;
+  using C = Fp8Ring<kBM>;
   const MoeDims d = moe_dims(p);
   CUtensorMap ma1, mb1, ma2, mb2;
   constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -347,10 +347,10 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kBlkWsThreads, C::kSmemBytes, s,
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2), kBlkWsThreads, C::kSmemBytes, s,
+  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2), kFp8RingThreads, C::kSmemBytes, s,
                               "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 

@@ -1,77 +1,12 @@
 // The TMA + wgmma gemms of fused_moe_sm90_grouped_fp8_block (steps 3 and 5 of its .cu's header):
-// the persistent schedule of fused_moe_sm90_grouped_tma.cuh (stage ring, TMA producer, ws_tile
-// order) with a block-scaled consumer (wgmma m64n128k32 partial sums per 128-wide K slice, promoted
-// into f32 accumulators times the slice's activation and weight scales). Two tile shapes, kBM:
-//   128: 128 x 128 tiles; consumer warpgroup wg takes rows 64 wg.. and all 128 columns (both read
-//        the stage's two 64-row B boxes);
-//   64:  64 x 256 tiles (fused_moe_sm90_grouped_fp8_block_tma64, for experts with few rows: a 64-row
-//        tile reads half the padding rows of A); both warpgroups take the 64 rows, warpgroup wg the
-//        columns of B boxes 2 wg and 2 wg + 1 (of four).
-// Included by fused_moe_sm90_grouped_fp8_block.cu inside its anonymous namespace (uses its kBlk,
-// kBoxBytes and BlkArgs).
+// the fp8 ring of fused_moe_sm90_grouped_fp8_ring.cuh (Fp8Ring<kBM>: 128 x 128 tiles, or 64 x 256
+// for fused_moe_sm90_grouped_fp8_block_tma64) with a block-scaled consumer (wgmma m64n128k32 partial
+// sums per 128-wide K slice, promoted into f32 accumulators times the slice's activation and weight
+// scales).
+// Included by fused_moe_sm90_grouped_fp8_block.cu inside its anonymous namespace (uses its kBlk and
+// BlkArgs).
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
 #pragma once
-
-// The 128-row kernels: two consumer warpgroups and a producer warpgroup (one lane of it issues the
-// TMA loads). setmaxnreg moves registers from the producer (kBlkProducerRegs) to the consumers
-// (kBlkConsumerRegs), who hold the promoted sums and two partial-sum buffers (blk_consume_tile).
-constexpr int kBlkWsThreads = 32 * kWsConsumerWarps + 128;
-constexpr int kBlkProducerRegs = 40, kBlkConsumerRegs = 232;
-static_assert(32 * kWsConsumerWarps * kBlkConsumerRegs + 128 * kBlkProducerRegs <= 65536,
-              "the register file of one SM");
-// The stage ring of a tile shape: kBM = 128: 7 stages of 32 KiB (A 128 x 128 codes + two 64-row B
-// boxes), in the shared memory that holds 4 of the 48 KiB stages of the 128 x 256 kernels; kBM = 64:
-// 5 stages of 40 KiB (A 64 x 128 + four B boxes).
-// NOTE: a slice of a 128 x 128 tile is half the MMA work of a 128 x 256 one, and each consumer
-// warpgroup holds two stages (double-buffered partial sums): with the 48 KiB ring's 4 stages the
-// producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
-// latency of a TMA load from L2 / DRAM under load.
-template <int kBM>
-struct BlkCfg {
-  static_assert(kBM == 128 || kBM == 64, "128- or 64-row tiles");
-  static constexpr int kBoxes = kBM == 128 ? 2 : 4;                  // 64-row B boxes per stage
-  static constexpr uint32_t kABytes = uint32_t(kBM) * kBlk;          // A: kBM rows of 128 codes
-  static constexpr uint32_t kStageBytes = kABytes + kBoxes * kBoxBytes;
-  static constexpr int kStages = kBM == 128 ? 7 : 5;
-  using Smem = WsSmemT<kStages, kStageBytes, kABytes>;
-  using Ring = WsRingT<kStages>;
-  static constexpr int kSmemBytes = ws_smem_bytes<Smem>();
-  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
-  static constexpr int kNCols = kBM == 128 ? 128 : 256;  // output columns of a tile
-  // Warpgroup wg's first A row and B byte offset in a stage.
-  __device__ __forceinline__ static uint32_t a_off(int wg) { return kBM == 128 ? uint32_t(wg) * 64 * kBlk : 0u; }
-  __device__ __forceinline__ static uint32_t b_off(int wg) { return kBM == 128 ? 0u : uint32_t(wg) * 2 * kBoxBytes; }
-  // A consumer thread's first tile row (rows r and r + 8 are its accumulator rows).
-  __device__ __forceinline__ static int row_of(int warp, int lane) {
-    return (kBM == 128 ? warp : warp & 3) * 16 + (lane >> 2);
-  }
-};
-
-// ---------------------------------------------------------------- mainloop
-__device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
-}
-
-// Producer (one thread): K slices of A rows [row0, row0 + kBM) and of the 64-row B boxes at rows
-// b_rows[0 .. kBoxes), for one tile.
-template <int kBM>
-__device__ __forceinline__ void blk_produce_tile(const typename BlkCfg<kBM>::Smem& sm, typename BlkCfg<kBM>::Ring& ring,
-                                                 const CUtensorMap* ma, const CUtensorMap* mb, int row0,
-                                                 const int (&b_rows)[BlkCfg<kBM>::kBoxes], int KT) {
-  using C = BlkCfg<kBM>;
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
-    const uint32_t full = sm.full(ring.s);
-    mbar_arrive_expect_tx(full, C::kStageBytes);
-    tma_load_2d(sm.a(ring.s), ma, kt * kBlk, row0, full);
-#pragma unroll
-    for (int b = 0; b < C::kBoxes; ++b) tma_load_2d(sm.b(ring.s) + b * kBoxBytes, mb, kt * kBlk, b_rows[b], full);
-    ring.next();
-  }
-}
 
 // Scales a consumer thread applies per K slice kt: its two rows' activation scales (nullptr: a
 // padding row past the rows, treated as 0) and the weight scales of its warpgroup's low (columns
@@ -83,19 +18,19 @@ struct BlkScales {
   const float* hi;
 };
 
-// Consumer warpgroup wg: acc (its 64 rows and 128 columns of the tile, BlkCfg) = sum over K slices
+// Consumer warpgroup wg: acc (its 64 rows and 128 columns of the tile, Fp8Ring) = sum over K slices
 // of the slice's wgmma partial sums times a_scale * w_scale.
 // Two partial-sum buffers: slice kt + 1's wgmma group is issued into one before slice kt's partial
 // sums in the other are promoted, so the tensor cores work while this warpgroup promotes (64 + 2 x 64
-// accumulators: the consumers' 232 registers of kBlkWsThreads, setmaxnreg in blk_run).
+// accumulators: the consumers' 232 registers of kFp8RingThreads, setmaxnreg in blk_run).
 // NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
 // tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
 // fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
 template <int kBM>
-__device__ __forceinline__ void blk_consume_tile(const typename BlkCfg<kBM>::Smem& sm, typename BlkCfg<kBM>::Ring& ring,
+__device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Smem& sm, typename Fp8Ring<kBM>::Ring& ring,
                                                  int wg, int KT, const BlkScales& sc, float (&acc)[16][4]) {
   const bool leader = (threadIdx.x & 31) == 0;
-  const uint32_t a_off = BlkCfg<kBM>::a_off(wg), b_off = BlkCfg<kBM>::b_off(wg);
+  const uint32_t a_off = Fp8Ring<kBM>::a_off(wg), b_off = Fp8Ring<kBM>::b_off(wg);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -176,25 +111,25 @@ __device__ __forceinline__ void blk_consume_tile(const typename BlkCfg<kBM>::Sme
 // the A first row and the kBoxes B box rows, wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's
 // weight scale rows, epi(m, n, wg, acc).
 template <int kBM, class Boxes, class WBlocks, class Epi>
-__device__ __forceinline__ void blk_run(const typename BlkCfg<kBM>::Smem& sm, const CUtensorMap* ma,
+__device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM>::Smem& sm, const CUtensorMap* ma,
                                         const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N,
                                         Boxes boxes, WBlocks wblocks, Epi epi) {
-  using C = BlkCfg<kBM>;
+  using C = Fp8Ring<kBM>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
   typename C::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
-    setmaxnreg_dec<kBlkProducerRegs>();
+    setmaxnreg_dec<kFp8RingProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int m, n, row0, b_rows[C::kBoxes];
       ws_tile(t, num_m, n_tiles, m, n);
       boxes(m, n, row0, b_rows);
-      blk_produce_tile<kBM>(sm, ring, ma, mb, row0, b_rows, KT);
+      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, KT);
     }
     return;
   }
-  setmaxnreg_inc<kBlkConsumerRegs>();
+  setmaxnreg_inc<kFp8RingConsumerRegs>();
   const int wg = warp >> 2;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     int m, n, blo, bhi;
@@ -216,10 +151,10 @@ __device__ __forceinline__ void blk_run(const typename BlkCfg<kBM>::Smem& sm, co
 // g1u0 128; kBM = 64: g1u1 128 + 128 (warpgroup wg: gate and up columns i0 + 64 wg ..), g1u0 256
 // (warpgroup wg: i0 + 128 wg ..).
 template <bool G1U1, Activation A, int kBM>
-__global__ void __launch_bounds__(kBlkWsThreads, 1)
+__global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
-  using C = BlkCfg<kBM>;
+  using C = Fp8Ring<kBM>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -272,10 +207,10 @@ __global__ void __launch_bounds__(kBlkWsThreads, 1)
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
 // rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for kBM = 64.
 template <int kBM>
-__global__ void __launch_bounds__(kBlkWsThreads, 1)
+__global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
-  using C = BlkCfg<kBM>;
+  using C = Fp8Ring<kBM>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

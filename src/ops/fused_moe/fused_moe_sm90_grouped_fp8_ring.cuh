@@ -1,0 +1,84 @@
+// The fp8 TMA stage ring of the grouped QGMMA kernels with 128-code K slices and 64-row B boxes:
+// the block-scaled gemms (fused_moe_sm90_grouped_fp8_block_tma.cuh: 128 x 128 and 64 x 256 tiles)
+// and the per-row 64 x 256 gemms (fused_moe_sm90_grouped_fp8.cu, fused_moe_sm90_grouped_fp8_row_tma64).
+// Fp8Ring<kBM> is a tile shape's ring and warpgroup layout, fp8_ring_produce its producer; the
+// schedule and barriers are those of fused_moe_sm90_grouped_tma.cuh (WsSmemT, WsRingT, ws_tile).
+//   kBM = 128: 128 x 128 tiles; consumer warpgroup wg takes rows 64 wg.. and all 128 columns (both
+//              read the stage's two 64-row B boxes);
+//   kBM = 64:  64 x 256 tiles; both warpgroups take the 64 rows, warpgroup wg the columns of B boxes
+//              2 wg and 2 wg + 1 (of four): a 64-row tile reads half the padding rows of A.
+// Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp, tests/test_fused_moe_sm90_grouped_fp8.cpp.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
+
+namespace moekit::cuda::grouped {
+
+constexpr int kFp8Slice = 128;                  // codes per K slice (128 bytes: one swizzle row)
+constexpr uint32_t kFp8BoxBytes = 64 * kFp8Slice;  // one 64-row B box of a slice
+// Two consumer warpgroups and a producer warpgroup (one lane of it issues the TMA loads).
+// setmaxnreg moves registers from the producer (kFp8RingProducerRegs) to the consumers
+// (kFp8RingConsumerRegs; the block-scaled consumer holds its promoted sums and two partial-sum
+// buffers).
+constexpr int kFp8RingThreads = 32 * kWsConsumerWarps + 128;
+constexpr int kFp8RingProducerRegs = 40, kFp8RingConsumerRegs = 232;
+static_assert(32 * kWsConsumerWarps * kFp8RingConsumerRegs + 128 * kFp8RingProducerRegs <= 65536,
+              "the register file of one SM");
+// The stage ring of a tile shape: kBM = 128: 7 stages of 32 KiB (A 128 x 128 codes + two 64-row B
+// boxes), in the shared memory that holds 4 of the 48 KiB stages of the 128 x 256 kernels; kBM = 64:
+// 5 stages of 40 KiB (A 64 x 128 + four B boxes).
+// NOTE: a slice of a 128 x 128 tile is half the MMA work of a 128 x 256 one, and each consumer
+// warpgroup holds two stages (double-buffered partial sums): with the 48 KiB ring's 4 stages the
+// producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
+// latency of a TMA load from L2 / DRAM under load.
+template <int kBM>
+struct Fp8Ring {
+  static_assert(kBM == 128 || kBM == 64, "128- or 64-row tiles");
+  static constexpr int kBoxes = kBM == 128 ? 2 : 4;                  // 64-row B boxes per stage
+  static constexpr uint32_t kABytes = uint32_t(kBM) * kFp8Slice;          // A: kBM rows of 128 codes
+  static constexpr uint32_t kStageBytes = kABytes + kBoxes * kFp8BoxBytes;
+  static constexpr int kStages = kBM == 128 ? 7 : 5;
+  using Smem = WsSmemT<kStages, kStageBytes, kABytes>;
+  using Ring = WsRingT<kStages>;
+  static constexpr int kSmemBytes = ws_smem_bytes<Smem>();
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+  static constexpr int kNCols = kBM == 128 ? 128 : 256;  // output columns of a tile
+  // Warpgroup wg's first A row and B byte offset in a stage.
+  __device__ __forceinline__ static uint32_t a_off(int wg) { return kBM == 128 ? uint32_t(wg) * 64 * kFp8Slice : 0u; }
+  __device__ __forceinline__ static uint32_t b_off(int wg) { return kBM == 128 ? 0u : uint32_t(wg) * 2 * kFp8BoxBytes; }
+  // A consumer thread's first tile row (rows r and r + 8 are its accumulator rows).
+  __device__ __forceinline__ static int row_of(int warp, int lane) {
+    return (kBM == 128 ? warp : warp & 3) * 16 + (lane >> 2);
+  }
+};
+
+__device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+// Producer (one thread): K slices of A rows [row0, row0 + kBM) and of the 64-row B boxes at rows
+// b_rows[0 .. kBoxes), for one tile.
+template <int kBM>
+__device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM>::Smem& sm, typename Fp8Ring<kBM>::Ring& ring,
+                                                 const CUtensorMap* ma, const CUtensorMap* mb, int row0,
+                                                 const int (&b_rows)[Fp8Ring<kBM>::kBoxes], int KT) {
+  using C = Fp8Ring<kBM>;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
+    const uint32_t full = sm.full(ring.s);
+    mbar_arrive_expect_tx(full, C::kStageBytes);
+    tma_load_2d(sm.a(ring.s), ma, kt * kFp8Slice, row0, full);
+#pragma unroll
+    for (int b = 0; b < C::kBoxes; ++b) tma_load_2d(sm.b(ring.s) + b * kFp8BoxBytes, mb, kt * kFp8Slice, b_rows[b], full);
+    ring.next();
+  }
+}
+
+}  // namespace moekit::cuda::grouped
