@@ -106,10 +106,20 @@ TEST(FusedMoeHeuristic, Fp8BlockTma64TileRowsAndStrategy) {
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 2, 8, true), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8, true), 128);
   // The block strategy: grouped wherever H % 256 == 0 (even one token), else the fp8 rule.
-  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 2, 8, 4096).strategy, MoeStrategy::grouped_gemm);
-  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 8, 128, 2048).strategy, MoeStrategy::grouped_gemm);
-  EXPECT_EQ(choose_moe_strategy_fp8_block(1, 2, 8, 384).strategy, choose_moe_strategy_fp8(1, 2, 8, 384).strategy);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 4096).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 8, 128, 2048).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 384).strategy, choose_moe_strategy_fp8(1, 2, 8, 384).strategy);
   EXPECT_EQ(choose_moe_strategy_fp8(1, 2, 8, 384).strategy, MoeStrategy::small_m);
+}
+
+TEST(FusedMoeHeuristic, Fp8RowTma64TileRows) {
+  // With the 64 x 256 QGMMA tiles: 64-row tiles up to 64 rows per touched expert, 128 above.
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(1 * 2, 8, true), 64);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 2, 8, true), 64);   // 16 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(256 * 2, 8, true), 64);  // 64 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(257 * 2, 8, true), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(4096 * 8, 256, true), 128);  // 128 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(0, 8, true), 128);
 }
 
 TEST(FusedMoeHeuristic, NamesAndReasons) {

@@ -89,9 +89,17 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 // T=8: 114 vs 117; 4 rows, Qwen3 T=64: 208 vs 210 (a tie); 16 rows, Mixtral T=64: 417 vs 401; 8
 // rows, Qwen3 T=512: 333 vs 264. The 64-row tiles waste less padding but run on mma.sync, which
 // loses to QGMMA once an expert has more than a few rows.
+// tma64: the 64-row tiles run on TMA + QGMMA (fused_moe_sm90_grouped_fp8_row_tma64, 64 x 256 tiles,
+// where H % 256 == 0 and the N tiles are whole): 64 while the rows per touched expert are at most
+// kGroupedFp8Tma64MaxRows. NOTE: not yet measured on a GPU; 64 is a first guess between the
+// block variant's 128 (where its 128-row tiles are the slower 128 x 128) and the 2 of the mma.sync
+// tiles.
 constexpr double kGroupedFp8Bm64MaxRows = 2.0;
-constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E) {
-  return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8Bm64MaxRows ? 64 : 128;
+constexpr double kGroupedFp8Tma64MaxRows = 64.0;
+constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma64 = false) {
+  return tk > 0 && rows_per_touched_expert(tk, E) <= (tma64 ? kGroupedFp8Tma64MaxRows : kGroupedFp8Bm64MaxRows)
+             ? 64
+             : 128;
 }
 
 // The same for the 128 x 128 block variant (fp8_block): 64 while the rows per touched expert are at
@@ -118,14 +126,15 @@ constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E, boo
              : 128;
 }
 
-// The strategy of the fp8 block variant: the grouped GEMM wherever its 64 x 256 QGMMA tiles take H
-// (H % 256 == 0; the auto kernel then picks them up to 128 rows per expert), else
-// choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) those tiles beat small_m's CUDA-core dots
-// at one token: Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0.
-inline MoeStrategyChoice choose_moe_strategy_fp8_block(int64_t T, int64_t k, int64_t E, int64_t H) {
+// The strategy of the fp8 variants with 64 x 256 QGMMA tiles: the grouped GEMM wherever those tiles
+// take H (H % 256 == 0; the auto kernels then pick them for experts with few rows), else
+// choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) the block variant's tiles beat small_m's
+// CUDA-core dots at one token: Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0; the per-row
+// variant's are not yet measured.
+inline MoeStrategyChoice choose_moe_strategy_fp8_tma64(int64_t T, int64_t k, int64_t E, int64_t H) {
   if (H % 256 == 0) {
     return {MoeStrategy::grouped_gemm, rows_per_touched_expert(T * k, E),
-            "fp8 block, H % 256 == 0: grouped GEMM (64 x 256 QGMMA tiles up to 128 rows per expert)"};
+            "fp8, H % 256 == 0: grouped GEMM (64 x 256 QGMMA tiles for experts with few rows)"};
   }
   return choose_moe_strategy_fp8(T, k, E, H);
 }

@@ -713,17 +713,27 @@ Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm
 Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, 128); }
 
 namespace {
-int tiled_bm(const FusedMoeParams& p) {
+// The auto path's tiles: 64 x 256 TMA tiles where they take the shape (up to kGroupedFp8Tma64MaxRows
+// rows per expert), else 64-row mma.sync tiles up to kGroupedFp8Bm64MaxRows, else 128 x 256.
+enum class RowTiles { tma128, mma64, tma64 };
+RowTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  return fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64 ? grouped::kMmaBM : 128;
+  const bool t64 = supports_tma64(p).ok();
+  if (t64 && fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E, true) == 64) return RowTiles::tma64;
+  return fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64 ? RowTiles::mma64 : RowTiles::tma128;
 }
 }  // namespace
 
 size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::fp8_layout_of(p, tiled_bm(p)).total;
+  return grouped::fp8_layout_of(p, tiled(p) == RowTiles::tma128 ? 128 : grouped::kMmaBM).total;
 }
 Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_bm(p, ctx, tiled_bm(p));
+  switch (tiled(p)) {
+    case RowTiles::tma64: return run_tma64(p, ctx);
+    case RowTiles::mma64: return run_bm64(p, ctx);
+    case RowTiles::tma128: break;
+  }
+  return run_bm(p, ctx, 128);
 }
 
 void register_fused_moe_sm90_grouped_fp8(Registry& r) {
