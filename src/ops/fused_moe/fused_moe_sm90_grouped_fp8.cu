@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
@@ -219,6 +220,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   ws_run<__nv_fp8_e4m3>(
@@ -435,6 +437,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
                            Fp8GemmArgs p, int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const Ring64::Smem sm = ws_setup<Ring64::Smem>(smem_raw, &ma, &mb);
+  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n1 = G1U1 ? 2 * p.I : p.I;
   constexpr int nb = G1U1 ? 128 : 256, wg_cols = nb / 2;  // gate columns of a tile, of a warpgroup
@@ -500,6 +503,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
                            Fp8GemmArgs p, int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const Ring64::Smem sm = ws_setup<Ring64::Smem>(smem_raw, &ma, &mb);
+  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   row64_run(
       sm, &ma, &mb, p, n_tiles, p.I,
@@ -556,14 +560,16 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
-                                          "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kWsThreads,
+                                              kWsSmemBytes + kWsScaleSmem, s, "fused_moe_sm90_grouped_fp8 gemm1", ma1,
+                                              mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
-  return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
-                          "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
+  return launch_ws_kernel_pdl(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsThreads,
+                              kWsSmemBytes + kWsScaleSmem, s, "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2,
+                              n_tiles2);
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
@@ -589,12 +595,12 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_fp8_row64_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
                                               s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
-  return launch_ws_kernel_cfg(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2), kFp8RingThreads,
+  return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2), kFp8RingThreads,
                               Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", ma2, mb2, g2,
                               n_tiles2);
 }

@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "cuda/cuda_utils.h"
+#include "cuda/pdl.cuh"
 #include "moekit/ops/fused_moe.h"
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
@@ -286,6 +287,15 @@ inline Status launch_ws_kernel_cfg(void (*fn)(P...), unsigned grid, int threads,
   MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
   fn<<<grid, threads, bytes, s>>>(std::forward<A>(args)...);
   return last_launch(what);
+}
+// As launch_ws_kernel_cfg, with programmatic dependent launch (launch_pdl): the kernel must call
+// wait_for_predecessor() before its first global read or write (the fp8 gemms: right after
+// ws_setup, whose barrier init and descriptor prefetch then overlap the predecessor's tail).
+template <class... P, class... A>
+inline Status launch_ws_kernel_pdl(void (*fn)(P...), unsigned grid, int threads, int bytes, cudaStream_t s,
+                                   const char* what, A&&... args) {
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what));
+  return launch_pdl(fn, dim3(grid), dim3(unsigned(threads)), size_t(bytes), s, what, std::forward<A>(args)...);
 }
 template <class... P, class... A>
 inline Status launch_ws_kernel_extra(void (*fn)(P...), unsigned grid, int extra_smem, cudaStream_t s, const char* what,
