@@ -116,8 +116,9 @@ TEST(FusedMoeHeuristic, Fp8RowTma64TileRows) {
   // With the 64 x 256 QGMMA tiles: 64-row tiles up to 64 rows per touched expert, 128 above.
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(1 * 2, 8, true), 64);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 2, 8, true), 64);   // 16 rows
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(256 * 2, 8, true), 64);  // 64 rows
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(257 * 2, 8, true), 128);
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(192 * 2, 8, true), 64);   // 48 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(193 * 2, 8, true), 128);  // 48.25 rows
+  EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(256 * 2, 8, true), 128);  // 64 rows
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(4096 * 8, 256, true), 128);  // 128 rows
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(0, 8, true), 128);
 }

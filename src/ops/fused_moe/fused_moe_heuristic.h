@@ -91,11 +91,13 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 // loses to QGMMA once an expert has more than a few rows.
 // tma64: the 64-row tiles run on TMA + QGMMA (fused_moe_sm90_grouped_fp8_row_tma64, 64 x 256 tiles,
 // where H % 256 == 0 and the N tiles are whole): 64 while the rows per touched expert are at most
-// kGroupedFp8Tma64MaxRows. NOTE: not yet measured on a GPU; 64 is a first guess between the
-// block variant's 128 (where its 128-row tiles are the slower 128 x 128) and the 2 of the mma.sync
-// tiles.
+// kGroupedFp8Tma64MaxRows. NOTE: measured on the H200 (docs/PERF.md, 2026-12-01 fifth section), 64 x
+// 256 vs 128 x 256 tiles: 16 rows, Mixtral T=64: 368 vs 402 us, DeepSeek-V3 T=512: 2817 vs 3175;
+// 32 rows, Mixtral T=128: 386 vs 413, DeepSeek-V3 T=1024: 2981 vs 3402, Qwen3 T=512: 226 vs 254;
+// 64 rows, Mixtral T=256: 472 vs 434, DeepSeek-V3 T=2048: 4424 vs 3688, Qwen3 T=1024: 300 vs 307;
+// 128 rows, Mixtral T=512: 687 vs 559. So 48, between the last win and the first clear loss.
 constexpr double kGroupedFp8Bm64MaxRows = 2.0;
-constexpr double kGroupedFp8Tma64MaxRows = 64.0;
+constexpr double kGroupedFp8Tma64MaxRows = 48.0;
 constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma64 = false) {
   return tk > 0 && rows_per_touched_expert(tk, E) <= (tma64 ? kGroupedFp8Tma64MaxRows : kGroupedFp8Bm64MaxRows)
              ? 64
@@ -128,9 +130,9 @@ constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E, boo
 
 // The strategy of the fp8 variants with 64 x 256 QGMMA tiles: the grouped GEMM wherever those tiles
 // take H (H % 256 == 0; the auto kernels then pick them for experts with few rows), else
-// choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) the block variant's tiles beat small_m's
-// CUDA-core dots at one token: Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0; the per-row
-// variant's are not yet measured.
+// choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) the 64 x 256 tiles beat small_m's
+// CUDA-core dots at one token: block variant, Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0;
+// per-tensor, Mixtral T=1 137 vs 160, DeepSeek-V3 T=1 115 vs 120; per-row, Qwen3 T=1 35.9 vs 38.4.
 inline MoeStrategyChoice choose_moe_strategy_fp8_tma64(int64_t T, int64_t k, int64_t E, int64_t H) {
   if (H % 256 == 0) {
     return {MoeStrategy::grouped_gemm, rows_per_touched_expert(T * k, E),
