@@ -113,7 +113,7 @@ TEST(FusedMoeHeuristic, Fp8BlockTma64TileRowsAndStrategy) {
 }
 
 TEST(FusedMoeHeuristic, Fp8RowTma64TileRows) {
-  // With the 64 x 256 QGMMA tiles: 64-row tiles up to 64 rows per touched expert, 128 above.
+  // With the 64 x 256 QGMMA tiles: 64-row tiles up to 48 rows per touched expert, 128 above.
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(1 * 2, 8, true), 64);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(64 * 2, 8, true), 64);   // 16 rows
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(192 * 2, 8, true), 64);   // 48 rows
@@ -127,6 +127,25 @@ TEST(FusedMoeHeuristic, NamesAndReasons) {
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::small_m), "small_m");
   EXPECT_STREQ(moe_strategy_name(MoeStrategy::grouped_gemm), "grouped_gemm");
   EXPECT_NE(choose_moe_strategy(1, 1, 1).reason, nullptr);
+}
+
+TEST(FusedMoeHeuristic, Tma64Gemm2Splits) {
+  // Mixtral T = 1: 2 tiles x 16 N tiles = 32 CTAs, 112 K slices: 4 ranges.
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 2, 8, 4096 / 256, 14336 / 128), 4);
+  // Llama-4 T = 1: 1 tile x 20.
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1, 128, 5120 / 256, 8192 / 128), 4);
+  // Qwen3 T = 1: 8 tiles x 8 = 64 CTAs -> 2; 6 K slices allow 2.
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 128, 2048 / 256, 768 / 128), 2);
+  // DeepSeek-V3 T = 1: 8 x 28 = 224 CTAs; Mixtral T = 8: 8 tiles (16 entries on 8 experts) x 16 = 128.
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 256, 7168 / 256, 2048 / 128), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(8 * 2, 8, 4096 / 256, 14336 / 128), 1);
+  // Short K: each range at least 3 slices (5 slices: 1 range; 6: 2; 12: 4).
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 5), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 6), 2);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 12), 4);
+  // The tile bound: 130 entries on 2 experts -> at most (130 + 126) / 64 = 4 tiles (65 + 65 rows: 4).
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(130, 2, 11, 100), 3);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(0, 8, 16, 112), 1);  // no entries
 }
 
 }  // namespace

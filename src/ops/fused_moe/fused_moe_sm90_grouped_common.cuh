@@ -178,7 +178,7 @@ struct ReduceArgs {
   void* out;                // [T, H] row stride os
   int64_t os;
   int H, k;
-  int splits;               // 1 or 2
+  int splits;               // K ranges (1 .. kTma64Gemm2MaxSplits)
   bool weight_on_input;
 };
 
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
       if (r < 0) continue;
       const float w = s_w[j];
       float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(r) * p.H + c);
-      if (p.splits == 2) {  // range 0 + range 1, in that order
-        const float4 v1 = *reinterpret_cast<const float4*>(p.y + p.y_split + int64_t(r) * p.H + c);
+      for (int sp = 1; sp < p.splits; ++sp) {  // range 0 + range 1 + ..., in that order
+        const float4 v1 = *reinterpret_cast<const float4*>(p.y + sp * p.y_split + int64_t(r) * p.H + c);
         v.x += v1.x;
         v.y += v1.y;
         v.z += v1.z;
@@ -236,7 +236,7 @@ inline Status launch_reduce(const ReduceArgs& rd, int64_t T, cudaStream_t s, con
 // Workspace of the fp8 grouped kernels (byte offsets from a 256-byte aligned base): the routing lists,
 // x codes [Tk, H] + x_scales per row, a in f32 [Tk, I], a codes [Tk, I] + a_scales per row, and
 // `splits` f32 partials y [Tk, H]. fused_moe_sm90_grouped_fp8 (1 scale per row, split K) and
-// fused_moe_sm90_grouped_fp8_block (one per 128-group, 1 range).
+// fused_moe_sm90_grouped_fp8_block (one per 128-group; split K on its 64 x 256 tiles).
 struct Fp8Workspace {
   size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
   int64_t tk, tiles_max;

@@ -39,12 +39,16 @@ constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
 constexpr int kQuantThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
-// One scale per row for x and a; gemm2 in two K ranges when its work list is short.
-// bm: the M tile rows, 128 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row) or 64 (mma.sync,
-// fused_moe_sm90_grouped_fp8_row_bm64).
-Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm) {
+// One scale per row for x and a; gemm2 in K ranges when its work list is short.
+// bm: the M tile rows, 128 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row: two ranges by
+// fused_moe_sm90_grouped_gemm2_splits) or 64 (mma.sync, fused_moe_sm90_grouped_fp8_row_bm64: one
+// range; tma64, 64 x 256 TMA tiles: fused_moe_sm90_tma64_gemm2_splits).
+Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
   const MoeDims d = moe_dims(p);
-  if (bm != 128) return fp8_workspace(p, 1, 1, 1, bm);
+  if (bm != 128) {
+    const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes) : 1;
+    return fp8_workspace(p, 1, 1, splits, bm);
+  }
   const int64_t tk = d.T * d.k, tiles_max = (tk + 127) / 128 + std::min<int64_t>(d.E, tk);
   return fp8_workspace(p, 1, 1,
                        fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes));
@@ -400,32 +404,31 @@ __device__ __forceinline__ void row64_consume_tile(const Ring64::Smem& sm, Ring6
   if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
 }
 
-// The persistent schedule of the 64 x 256 kernels: boxes(m, n, row0, b_rows) -> the A first row and
-// the four B box rows, epi(m, n, wg, acc). The producer warpgroup returns early; no CTA-wide barrier
-// may follow.
+// The persistent schedule of the 64 x 256 kernels, each tile in `splits` K ranges (split_tile):
+// boxes(m, n, row0, b_rows) -> the A first row and the four B box rows, epi(m, n, sp, wg, acc) with
+// sp the K range. The producer warpgroup returns early; no CTA-wide barrier may follow.
 template <class Boxes, class Epi>
 __device__ __forceinline__ void row64_run(const Ring64::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
-                                          const Fp8GemmArgs& p, int n_tiles, int K, Boxes boxes, Epi epi) {
+                                          const Fp8GemmArgs& p, int n_tiles, int K, int splits, Boxes boxes, Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kSliceCodes;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles * splits, KT = K / kSliceCodes;
   Ring64::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int m, n, row0, b_rows[Ring64::kBoxes];
-      ws_tile(t, num_m, n_tiles, m, n);
-      boxes(m, n, row0, b_rows);
-      fp8_ring_produce<64>(sm, ring, ma, mb, row0, b_rows, KT);
+      const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
+      int row0, b_rows[Ring64::kBoxes];
+      boxes(w.m, w.n, row0, b_rows);
+      fp8_ring_produce<64>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
     }
     return;
   }
   const int wg = warp >> 2;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    int m, n;
-    ws_tile(t, num_m, n_tiles, m, n);
+    const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
     float acc[16][4];
-    row64_consume_tile(sm, ring, wg, KT, acc);
-    epi(m, n, wg, acc);
+    row64_consume_tile(sm, ring, wg, w.kn, acc);
+    epi(w.m, w.n, w.sp, wg, acc);
   }
 }
 
@@ -442,7 +445,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   const int n1 = G1U1 ? 2 * p.I : p.I;
   constexpr int nb = G1U1 ? 128 : 256, wg_cols = nb / 2;  // gate columns of a tile, of a warpgroup
   row64_run(
-      sm, &ma, &mb, p, n_tiles, p.H,
+      sm, &ma, &mb, p, n_tiles, p.H, 1,
       [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
         const int e = p.tile_expert[m], i0 = n * nb;
         row0 = p.tile_row0[m];
@@ -451,7 +454,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
           b[k] = e * n1 + (G1U1 ? (k % 2) * p.I + (k / 2) * 64 + i0 : i0 + 64 * k);
         }
       },
-      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+      [&](int m, int n, int, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), r0 = Ring64::row_of(warp, lane);
         if (r0 >= nrows) return;  // neither of the lane's rows is real
@@ -497,7 +500,8 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       });
 }
 
-// gemm2: N tiles of 256 rows of H (warpgroup wg: h0 + 128 wg ..); y = acc * s_a * w2_scale in f32.
+// gemm2: N tiles of 256 rows of H (warpgroup wg: h0 + 128 wg ..) in p.splits K ranges; y (K range
+// sp: its partial at p.out + sp * p.y_split) = acc * s_a * w2_scale in f32.
 __global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm2_fp8_row64_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                            Fp8GemmArgs p, int n_tiles) {
@@ -506,13 +510,13 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   row64_run(
-      sm, &ma, &mb, p, n_tiles, p.I,
+      sm, &ma, &mb, p, n_tiles, p.I, p.splits,
       [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
         row0 = p.tile_row0[m];
 #pragma unroll
         for (int k = 0; k < Ring64::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * 256 + 64 * k;
       },
-      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+      [&](int m, int n, int sp, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * 256 + wg * 128;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), r0 = Ring64::row_of(warp, lane);
         if (r0 >= nrows) return;
@@ -526,7 +530,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (r0 + 8 * h >= nrows) continue;
-          float* yrow = p.out + int64_t(row0 + r0 + 8 * h) * p.H + h0 + c0;
+          float* yrow = p.out + sp * p.y_split + int64_t(row0 + r0 + 8 * h) * p.H + h0 + c0;
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
             const float* v = &acc[j][2 * h];
@@ -600,7 +604,7 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
-  return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2), kFp8RingThreads,
+  return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kFp8RingThreads,
                               Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", ma2, mb2, g2,
                               n_tiles2);
 }
@@ -609,7 +613,7 @@ template <class TT>
 // bm: the M tile rows (128: TMA, 64: mma.sync, or TMA 64 x 256 tiles when tma64).
 Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64) {
   const MoeDims d = moe_dims(p);
-  const Fp8Workspace l = fp8_layout_of(p, bm);
+  const Fp8Workspace l = fp8_layout_of(p, bm, tma64);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -694,7 +698,7 @@ size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
 namespace {
 
 Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64 = false) {
-  return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, bm).total, "fused_moe_sm90_grouped_fp8",
+  return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, bm, tma64).total, "fused_moe_sm90_grouped_fp8",
                                 [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, ctx, bm, tma64); });
 }
 
@@ -712,6 +716,7 @@ Status supports_tma64(const FusedMoeParams& p) {
   }
   return Status::Ok();
 }
+size_t workspace_tma64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM, true).total; }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM, true); }
 
 }  // namespace
@@ -731,7 +736,8 @@ RowTiles tiled(const FusedMoeParams& p) {
 }  // namespace
 
 size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::fp8_layout_of(p, tiled(p) == RowTiles::tma128 ? 128 : grouped::kMmaBM).total;
+  const RowTiles t = tiled(p);
+  return grouped::fp8_layout_of(p, t == RowTiles::tma128 ? 128 : grouped::kMmaBM, t == RowTiles::tma64).total;
 }
 Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
   switch (tiled(p)) {
@@ -770,7 +776,7 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64 x 256 tiles on "
            "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
            85, erase_supports<FusedMoeParams, supports_tma64>,
-           erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_tma64>});
+           erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
   }
 }
 

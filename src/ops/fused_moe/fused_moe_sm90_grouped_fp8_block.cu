@@ -66,11 +66,13 @@ constexpr int kBlk = 128;                                  // scale block (N and
 constexpr int kQThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
-// One scale per 128-group of x and a rows; gemm2 in one K range; M tiles of bm rows (128: TMA +
-// wgmma; 64: mma.sync, fused_moe_sm90_grouped_fp8_block_bm64).
-Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm) {
+// One scale per 128-group of x and a rows; M tiles of bm rows (128: TMA + wgmma; 64: mma.sync,
+// fused_moe_sm90_grouped_fp8_block_bm64, or TMA 64 x 256 when tma64); gemm2 in one K range, or for
+// tma64 in fused_moe_sm90_tma64_gemm2_splits ranges.
+Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
   const MoeDims d = moe_dims(p);
-  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, 1, bm);
+  const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk) : 1;
+  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, bm);
 }
 
 // ---------------------------------------------------------------- per-group quantizer
@@ -112,9 +114,11 @@ struct BlkArgs {
   const float* weights;     // [T*k] router weights (weight_on_input only)
   const float* a_scale;     // [Tk, K / 128] group scales of A's rows
   const float* w_scale;     // [E, N / 128, K / 128]
-  float* out;               // gemm1: a [Tk, I]; gemm2: y [Tk, H]
+  float* out;               // gemm1: a [Tk, I]; gemm2: y [splits, Tk, H]
   int H, I, tk;
   bool weight_on_input;
+  int splits = 1;           // gemm2 of the 64 x 256 TMA tiles: K ranges (fused_moe_sm90_tma64_gemm2_splits)
+  int64_t y_split = 0;      // elements between the K ranges' partials
 };
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block_tma.cuh"
@@ -350,7 +354,7 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2), kFp8RingThreads, C::kSmemBytes, s,
+  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads, C::kSmemBytes, s,
                               "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
 }
 
@@ -400,7 +404,7 @@ template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
   const MoeDims d = moe_dims(p);
   const int bm = blk_tile_rows(tiles);
-  const Fp8Workspace l = blk_layout_of(p, bm);
+  const Fp8Workspace l = blk_layout_of(p, bm, tiles == BlkTiles::tma64);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -421,7 +425,7 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
              int(l.tk), p.weight_on_input};
   BlkArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
-             int(l.tk), false};
+             int(l.tk), false, l.splits, l.tk * d.H};
   const auto gemms = [&]() -> Status {
     if (tiles == BlkTiles::tma128) return run_blk_tma<128>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
@@ -433,8 +437,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
   };
   MOEKIT_RETURN_IF_ERROR(gemms());
 
-  ReduceArgs rd{fat(l.y), 0, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
-                int(d.H), int(d.k), 1, p.weight_on_input};
+  ReduceArgs rd{fat(l.y), l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data,
+                p.out.stride[0], int(d.H), int(d.k), l.splits, p.weight_on_input};
   return launch_reduce<TT>(rd, d.T, s, "fused_moe_sm90_grouped_fp8_block reduce");
 }
 
@@ -461,7 +465,7 @@ namespace {
 using grouped::BlkTiles;
 
 size_t blk_workspace(const FusedMoeParams& p, BlkTiles tiles) {
-  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles)).total;
+  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles), tiles == BlkTiles::tma64).total;
 }
 Status run_blk(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5 = false) {
   return grouped::run_fp8_entry(p, ctx, blk_workspace(p, tiles), "fused_moe_sm90_grouped_fp8_block",
@@ -499,6 +503,7 @@ Status supports_tma64(const FusedMoeParams& p) {
   }
   return Status::Ok();
 }
+size_t workspace_tma64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma64); }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma64); }
 
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
@@ -546,7 +551,7 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64 x 256 tiles on QGMMA "
          "m64n128k32 (TMA ring, two consumer warpgroups) with per-block promotion into f32; H % 256 == 0",
          75, erase_supports<FusedMoeParams, supports_tma64>,
-         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_tma64>});
+         erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
   // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
   // against ..._bm64 (whose stage rule, blk_mma_stages, it measures).
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,

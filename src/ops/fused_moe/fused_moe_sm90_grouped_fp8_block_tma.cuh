@@ -107,42 +107,43 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
   }
 }
 
-// The persistent schedule (as ws_run) with the block-scaled consumer: boxes(m, n, row0, b_rows) ->
-// the A first row and the kBoxes B box rows, wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's
-// weight scale rows, epi(m, n, wg, acc).
+// The persistent schedule (as ws_run) with the block-scaled consumer, each tile in `splits` K ranges
+// (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B box rows,
+// wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's weight scale rows, epi(m, n, sp, wg, acc)
+// with sp the K range.
 template <int kBM, class Boxes, class WBlocks, class Epi>
 __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM>::Smem& sm, const CUtensorMap* ma,
-                                        const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N,
+                                        const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N, int splits,
                                         Boxes boxes, WBlocks wblocks, Epi epi) {
   using C = Fp8Ring<kBM>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles, KT = K / kBlk, NB = N / kBlk;
+  const int num_m = *p.num_tiles, total = num_m * n_tiles * splits, KT = K / kBlk, NB = N / kBlk;
   typename C::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
     setmaxnreg_dec<kFp8RingProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int m, n, row0, b_rows[C::kBoxes];
-      ws_tile(t, num_m, n_tiles, m, n);
-      boxes(m, n, row0, b_rows);
-      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, KT);
+      const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
+      int row0, b_rows[C::kBoxes];
+      boxes(w.m, w.n, row0, b_rows);
+      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
     }
     return;
   }
   setmaxnreg_inc<kFp8RingConsumerRegs>();
   const int wg = warp >> 2;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    int m, n, blo, bhi;
-    ws_tile(t, num_m, n_tiles, m, n);
-    wblocks(m, n, wg, blo, bhi);
-    const int e = p.tile_expert[m], r0 = p.tile_row0[m] + C::row_of(warp, lane);
-    const float* ws = p.w_scale + int64_t(e) * NB * KT;
-    BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT : nullptr,
-                 r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT : nullptr, ws + int64_t(blo) * KT,
+    const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
+    int blo, bhi;
+    wblocks(w.m, w.n, wg, blo, bhi);
+    const int e = p.tile_expert[w.m], r0 = p.tile_row0[w.m] + C::row_of(warp, lane);
+    const float* ws = p.w_scale + int64_t(e) * NB * KT + w.kt0;  // the scales of the range's slices
+    BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT + w.kt0 : nullptr,
+                 r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT + w.kt0 : nullptr, ws + int64_t(blo) * KT,
                  ws + int64_t(bhi) * KT};
     float acc[16][4];
-    blk_consume_tile<kBM>(sm, ring, wg, KT, sc, acc);
-    epi(m, n, wg, acc);
+    blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
+    epi(w.m, w.n, w.sp, wg, acc);
   }
 }
 
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   constexpr int nb = G1U1 ? C::kNCols / 2 : C::kNCols;  // gate columns of a tile
   constexpr int wg_cols = kBM == 128 ? 0 : nb / 2;      // gate columns between the warpgroups
   blk_run<kBM>(
-      sm, &ma, &mb, p, n_tiles, p.H, n1,
+      sm, &ma, &mb, p, n_tiles, p.H, n1, 1,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         const int e = p.tile_expert[m], i0 = n * nb;
         row0 = p.tile_row0[m];
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
         lo = c0 / kBlk;
         hi = G1U1 ? (p.I + c0) / kBlk : lo;
       },
-      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+      [&](int m, int n, int, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
@@ -205,7 +206,8 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 }
 
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
-// rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for kBM = 64.
+// rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for kBM = 64. In p.splits K ranges, range sp
+// writing its partial at p.out + sp * p.y_split.
 template <int kBM>
 __global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
@@ -216,21 +218,21 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int wg_cols = kBM == 128 ? 0 : kBlk;
   blk_run<kBM>(
-      sm, &ma, &mb, p, n_tiles, p.I, p.H,
+      sm, &ma, &mb, p, n_tiles, p.I, p.H, p.splits,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         row0 = p.tile_row0[m];
 #pragma unroll
         for (int k = 0; k < C::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * C::kNCols + 64 * k;
       },
       [&](int, int n, int wg, int& lo, int& hi) { lo = hi = (n * C::kNCols + wg * wg_cols) / kBlk; },
-      [&](int m, int n, int wg, const float (&acc)[16][4]) {
+      [&](int m, int n, int sp, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * C::kNCols + wg * wg_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int rl = C::row_of(warp, lane) + 8 * h;
           if (rl >= nrows) continue;
-          float* yrow = p.out + int64_t(row0 + rl) * p.H + h0 + c0;
+          float* yrow = p.out + sp * p.y_split + int64_t(row0 + rl) * p.H + h0 + c0;
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
             *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);

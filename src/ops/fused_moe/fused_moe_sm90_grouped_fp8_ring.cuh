@@ -63,14 +63,30 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
     for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
 }
 
-// Producer (one thread): K slices of A rows [row0, row0 + kBM) and of the 64-row B boxes at rows
-// b_rows[0 .. kBoxes), for one tile.
+// Work item t of a persistent schedule over num_m x n_tiles tiles, each in `splits` K ranges of
+// the KT slices (range sp: slices kt0 .. kt0 + kn - 1, balanced to within one slice); the ranges
+// of a tile are num_m x n_tiles items apart, so they run on different CTAs.
+struct SplitTile {
+  int m, n, sp, kt0, kn;
+};
+__device__ __forceinline__ SplitTile split_tile(int t, int num_m, int n_tiles, int splits, int KT) {
+  const int per = num_m * n_tiles, sp = t / per;
+  SplitTile r;
+  ws_tile(t - sp * per, num_m, n_tiles, r.m, r.n);
+  r.sp = sp;
+  r.kt0 = sp * KT / splits;
+  r.kn = (sp + 1) * KT / splits - r.kt0;
+  return r;
+}
+
+// Producer (one thread): K slices kt0 .. kt0 + KT - 1 of A rows [row0, row0 + kBM) and of the
+// 64-row B boxes at rows b_rows[0 .. kBoxes), for one tile (or one K range of it).
 template <int kBM>
 __device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM>::Smem& sm, typename Fp8Ring<kBM>::Ring& ring,
                                                  const CUtensorMap* ma, const CUtensorMap* mb, int row0,
-                                                 const int (&b_rows)[Fp8Ring<kBM>::kBoxes], int KT) {
+                                                 const int (&b_rows)[Fp8Ring<kBM>::kBoxes], int KT, int kt0 = 0) {
   using C = Fp8Ring<kBM>;
-  for (int kt = 0; kt < KT; ++kt) {
+  for (int kt = kt0; kt < kt0 + KT; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, C::kStageBytes);
