@@ -134,15 +134,16 @@ TEST(FusedMoeHeuristic, Tma64Gemm2Splits) {
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 2, 8, 4096 / 256, 14336 / 128), 4);
   // Llama-4 T = 1: 1 tile x 20.
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1, 128, 5120 / 256, 8192 / 128), 4);
-  // Qwen3 T = 1: 8 tiles x 8 = 64 CTAs -> 2; 6 K slices allow 2.
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 128, 2048 / 256, 768 / 128), 2);
+  // Qwen3 T = 1: 8 tiles x 8 = 64 CTAs would take 2, but its 6 K slices make one range.
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 128, 2048 / 256, 768 / 128), 1);
   // DeepSeek-V3 T = 1: 8 x 28 = 224 CTAs; Mixtral T = 8: 8 tiles (16 entries on 8 experts) x 16 = 128.
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 256, 7168 / 256, 2048 / 128), 1);
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(8 * 2, 8, 4096 / 256, 14336 / 128), 1);
-  // Short K: each range at least 3 slices (5 slices: 1 range; 6: 2; 12: 4).
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 5), 1);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 6), 2);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 12), 4);
+  // Short K: each range at least 8 slices (15 slices: 1 range; 16: 2; 26: 3; 32: 4).
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 15), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 16), 2);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 26), 3);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 32), 4);
   // The tile bound: 130 entries on 2 experts -> at most (130 + 126) / 64 = 4 tiles (65 + 65 rows: 4).
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(130, 2, 11, 100), 3);
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(0, 8, 16, 112), 1);  // no entries

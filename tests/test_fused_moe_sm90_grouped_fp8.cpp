@@ -282,15 +282,15 @@ TEST(FusedMoeSm90GroupedFp8Tma64, ShapesAndEdges) {
   MoeProblem zl = make(small_shape(Scheme::fp8_tensor, 12, 5, 2, 256, 128));
   moe_test::set_zero_and_large_rows(&zl);
   expect_tma64_matches_ref(zl);
-  // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): few rows, I = 1536 (12 K slices: 4 ranges of
-  // 3) and 1280 (10: 3 ranges of 3, 3, 4), per tensor and per row, and with the weight on the input.
+  // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): few rows, I = 4096 (32 K slices: 4 ranges
+  // of 8) and 3328 (26: 3 ranges of 8, 9, 9), per tensor and per row, and with the weight on the input.
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
-    MoeProblem four = make(small_shape(sc, 3, 8, 2, 256, 1536));
+    MoeProblem four = make(small_shape(sc, 3, 8, 2, 256, 4096));
     expect_tma64_matches_ref(four);
-    MoeProblem three = make(small_shape(sc, 5, 6, 2, 512, 1280));
+    MoeProblem three = make(small_shape(sc, 5, 6, 2, 512, 3328));
     expect_tma64_matches_ref(three);
   }
-  MoeShape split_on_input = small_shape(Scheme::fp8_channel, 2, 4, 1, 256, 1536);
+  MoeShape split_on_input = small_shape(Scheme::fp8_channel, 2, 4, 1, 256, 4096);
   split_on_input.weight_on_input = true;
   MoeProblem split_tkw1 = make(split_on_input);
   expect_tma64_matches_ref(split_tkw1);

@@ -178,11 +178,11 @@ TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
   MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
   moe_test::set_zero_and_large_rows(&zl);
   moe_test::expect_fp8_cuda_matches_ref(zl, kTma64, kTma64);
-  // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): I = 1536 (4 ranges of 3 slices, each with
-  // its slices' scales) and 1280 (3 ranges of 3, 3, 4).
-  MoeProblem four = make(small_shape(Scheme::fp8_block, 3, 8, 2, 256, 1536));
+  // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): I = 4096 (4 ranges of 8 slices, each with
+  // its slices' scales) and 3328 (3 ranges of 8, 9, 9).
+  MoeProblem four = make(small_shape(Scheme::fp8_block, 3, 8, 2, 256, 4096));
   moe_test::expect_fp8_cuda_matches_ref(four, kTma64, kTma64);
-  MoeProblem three = make(small_shape(Scheme::fp8_block, 5, 6, 2, 512, 1280));
+  MoeProblem three = make(small_shape(Scheme::fp8_block, 5, 6, 2, 512, 3328));
   moe_test::expect_fp8_cuda_matches_ref(three, kTma64, kTma64);
   // supports() on device tensors: whole 256-column N tiles only.
   const Kernel* k = registry().find(kTma64);

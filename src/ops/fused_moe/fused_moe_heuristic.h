@@ -107,19 +107,24 @@ constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma6
 // The down GEMM (gemm2) of the 64 x 256 TMA tiles (fp8 per-row and block variants) in `splits` K
 // ranges, each written as an f32 partial of y that the reduce step adds in a fixed order (so the
 // result stays deterministic), where its tiles would fill too few SMs: as many ranges as fit the
-// 132 SMs, at most kTma64Gemm2MaxSplits, each of at least 3 K slices. The M tiles of tk routed entries
-// are bounded by (tk + 63 touched) / 64 (each touched expert's last tile may hold one row).
+// 132 SMs, at most kTma64Gemm2MaxSplits, each of at least kTma64Gemm2MinSlices K slices. The M tiles
+// of tk routed entries are bounded by (tk + 63 touched) / 64 (each touched expert's last tile may
+// hold one row).
 // NOTE: measured with Nsight Compute on the H200 (2026-12-01, Mixtral fp8_tensor T=1): the one-range
 // down GEMM ran 2 experts x 16 N tiles = 32 CTAs for 51.7 us at 48% of the DRAM bandwidth, each SM
 // multiplying a 64-row tile (one row real) over K = 14336; the gate/up GEMM (224 CTAs) reached 80%.
+// With 4 ranges (`moekit bench`, CUDA-graph replay): Mixtral fp8_tensor T=1 136.4 -> 122.8 us,
+// fp8_block 144.0 -> 128.2, Llama-4 fp8_channel 76.7 -> 67.9, fp8_block 84.5 -> 71.8; but Qwen3 T=1
+// (64 CTAs, K = 6 slices) in 2 ranges of 3 slices: 36.1 -> 37.7, so a range needs 8 slices.
 constexpr int kTma64Gemm2MaxSplits = 4;
+constexpr int kTma64Gemm2MinSlices = 8;
 constexpr int fused_moe_sm90_tma64_gemm2_splits(int64_t tk, int64_t E, int64_t n_tiles, int64_t k_slices) {
   const int64_t touched = touched_experts(tk, E);
   if (touched <= 0 || n_tiles <= 0) return 1;
   const int64_t work = (tk + 63 * touched) / 64 * n_tiles;
   int64_t s = 132 / work;
   if (s > kTma64Gemm2MaxSplits) s = kTma64Gemm2MaxSplits;
-  if (s > k_slices / 3) s = k_slices / 3;
+  if (s > k_slices / kTma64Gemm2MinSlices) s = k_slices / kTma64Gemm2MinSlices;
   return s < 1 ? 1 : int(s);
 }
 
