@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
-  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
@@ -224,7 +223,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
-  wait_for_predecessor();  // launch_ws_kernel_pdl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
   ws_run<__nv_fp8_e4m3>(
@@ -543,6 +541,11 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 // ---------------------------------------------------------------- host side
 // The BM 128 gemms: persistent TMA + wgmma kernels (one CTA per SM at most), gemm2 in l.splits K
 // ranges.
+// NOTE: launched without programmatic dependent launch, unlike the 64 x 256 gemms: measured on the
+// H200 (2026-12-01, docs/PERF.md), PDL on these persistent kernels cost 5.8% at DeepSeek-V3
+// fp8_tensor T=4096 (5620 vs 5311 us), 3.4% at Qwen3 T=4096 and 2.6% at Mixtral T=4096, and about
+// as much with the early launch_dependents left out (5575 us). (The block variant's gemms lost up to
+// 26% with it, its 64 x 256 tiles included: none of them use it.)
 Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
                    uint8_t* xq, uint8_t* aq, float* a, float* sa, int n_tiles1, int n_tiles2, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
@@ -564,16 +567,14 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kWsThreads,
-                                              kWsSmemBytes + kWsScaleSmem, s, "fused_moe_sm90_grouped_fp8 gemm1", ma1,
-                                              mb1, g1, n_tiles1));
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
+                                                "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
-  return launch_ws_kernel_pdl(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsThreads,
-                              kWsSmemBytes + kWsScaleSmem, s, "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2,
-                              n_tiles2);
+  return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
+                                "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
