@@ -769,8 +769,9 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
            erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
   }
-  // 64 x 256 tiles on TMA + QGMMA (priority 85, in no auto kernel yet): for experts with few rows, in
-  // place of the emulated mma.sync of ..._bm64.
+  // 64 x 256 tiles on TMA + QGMMA (priority 85; fused_moe_sm90_fp8_row picks them up to
+  // kGroupedFp8Tma64MaxRows rows per expert where H % 256 == 0): for experts with few rows, in place of
+  // the emulated mma.sync of ..._bm64.
   for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
     r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_tma64" : "fused_moe_sm90_grouped_fp8_row_tkw1_tma64",
            OpKind::fused_moe, v, Backend::cuda,

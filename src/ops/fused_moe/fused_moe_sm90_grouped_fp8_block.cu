@@ -545,8 +545,9 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
          90, erase_supports<FusedMoeParams, supports_bm64>,
          erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
-  // Priority 75, in no auto kernel (yet): 64-row tiles on TMA + wgmma (QGMMA) instead of the emulated
-  // mma.sync on e4m3 of ..._bm64.
+  // Priority 75 (fused_moe_sm90_fp8_block picks it up to kGroupedFp8BlockTma64MaxRows rows per expert
+  // where H % 256 == 0): 64-row tiles on TMA + wgmma (QGMMA) instead of the emulated mma.sync on e4m3
+  // of ..._bm64.
   r.add({"fused_moe_sm90_grouped_fp8_block_tma64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
          "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64 x 256 tiles on QGMMA "
          "m64n128k32 (TMA ring, two consumer warpgroups) with per-block promotion into f32; H % 256 == 0",
