@@ -294,6 +294,21 @@ TEST(FusedMoeSm90GroupedFp8Tma64, ShapesAndEdges) {
   split_on_input.weight_on_input = true;
   MoeProblem split_tkw1 = make(split_on_input);
   expect_tma64_matches_ref(split_tkw1);
+}
+
+// Long gate/up K loops (H = 4096: 32 K slices, 3328: 26, 2048: 16) on several 64-row tiles with k = 2,
+// one K range each; the Mixtral-like widths of the one-token cells, at small I.
+TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
+  SKIP_WITHOUT_TMA64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem h4096 = make(small_shape(sc, 3, 8, 2, 4096, 256));
+    expect_tma64_matches_ref(h4096);
+    MoeProblem h3328 = make(small_shape(sc, 5, 6, 2, 3328, 384));
+    expect_tma64_matches_ref(h3328);
+    MoeProblem h2048 = make(small_shape(sc, 2, 4, 2, 2048, 2048));
+    expect_tma64_matches_ref(h2048);
+  }
   const Kernel* k = registry().find(kRowT64);
   ASSERT_NE(k, nullptr);
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 512, 384), true);
