@@ -1,11 +1,14 @@
 // Programmatic dependent launch (PDL) for the short kernels of the fused_moe paths
-// (fused_moe_sm90_small_m, and the route / quantizers / BM 64 gemms / reduce of the grouped paths):
+// (fused_moe_sm90_small_m, and the route / quantizers / BM 64 gemms / reduce of the grouped paths,
+// and the fp8 per-row 64 x 256 TMA gemms, which wait right after their shared-memory setup):
 // every such kernel is launched allowed to overlap its predecessor in the stream (launch_pdl). Each
 // CTA first waits for the predecessor grid to COMPLETE (griddepcontrol.wait, which also makes its
 // memory visible) before any global read or write, then lets the next kernel's CTAs be scheduled
 // (they in turn wait for this grid's completion). So only launch latency and CTA scheduling overlap,
 // never data; both instructions are no-ops in a kernel launched without the attribute, so a kernel
 // that starts with wait_for_predecessor() may be launched either way.
+// NOTE: not for the persistent 128 x 256 / 128 x 128 gemms nor the block variant's gemms: measured on
+// the H200 (2026-12-01, docs/PERF.md) they ran 2.6-26% slower with it.
 // CUDA-only header: include only from .cu files.
 #pragma once
 
