@@ -6,6 +6,8 @@
 #   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block"   BENCH_BF16=0|1
 #   BENCH_MODELS="mixtral deepseek-v3 qwen3-moe"   BENCH_LIMIT=90 (seconds per bench run)
 #   FP8_AUTO_ONLY=1 (fp8: the auto kernel only)   GPU_DIR=.gpu (staged binaries)   TEST_SHARDS=4
+#   TEST_FILTER='*' (gtest filter of the tests step)   SANITIZE_TOOLS="memcheck racecheck" (initcheck
+#   also; each tool with its own filter, or SANITIZE_FILTER for all of them)
 # NOTE: one device call may run 10 minutes. The test binary alone took 4-7 min on the H200 (2026-11-29,
 # 509 tests, the machine partly busy; 3.5 min on 2026-12-01 for 532), check ~1.5 min, sanitize up to
 # 2 x 150 s, python (build + pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
@@ -57,7 +59,7 @@ if has tests; then
   NS=${TEST_SHARDS:-4}
   for ((i = 0; i < NS; ++i)); do
     bg "tests_$i" env GTEST_TOTAL_SHARDS=$NS GTEST_SHARD_INDEX=$i timeout ${TESTS_LIMIT:-420} \
-      $B/moekit_tests --gtest_brief=1 > "$L/tests_$i.log" 2>&1
+      $B/moekit_tests --gtest_brief=1 --gtest_filter="${TEST_FILTER:-*}" > "$L/tests_$i.log" 2>&1
   done
 fi
 CHECK_MODELS="mixtral deepseek-v3 llama4 qwen3-moe"
@@ -68,9 +70,10 @@ if has check; then
   done
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    filter=$MEMCHECK_FILTER
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    filter=$MEMCHECK_FILTER  # memcheck and initcheck
     [ "$tool" = racecheck ] && filter=$RACECHECK_FILTER
+    filter=${SANITIZE_FILTER:-$filter}
     bg "sanitize_$tool" timeout ${SANITIZE_LIMIT:-300} compute-sanitizer --tool "$tool" --error-exitcode 99 \
       $B/moekit_tests --gtest_brief=1 --gtest_filter="$filter" > "$L/sanitize_$tool.log" 2>&1
   done
@@ -89,7 +92,7 @@ if has check; then
   done
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     say "compute-sanitizer $tool rc=$(cat "$L/sanitize_$tool.rc") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitize_$tool.log" | tail -1)"
   done
 fi
