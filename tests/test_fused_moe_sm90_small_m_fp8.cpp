@@ -29,6 +29,8 @@ constexpr const char* kRow = "fused_moe_sm90_small_m_fp8_row";
 constexpr const char* kTkw1 = "fused_moe_sm90_small_m_fp8_row_tkw1";
 constexpr const char* kBlock = "fused_moe_sm90_small_m_fp8_block";
 constexpr const char* kBlockAuto = "fused_moe_sm90_fp8_block";
+constexpr const char* kRowAuto = "fused_moe_sm90_fp8_row";
+constexpr const char* kTkw1Auto = "fused_moe_sm90_fp8_row_tkw1";
 
 #define SKIP_WITHOUT_KERNEL()                                          \
   do {                                                                 \
@@ -152,7 +154,7 @@ TEST(FusedMoeSm90SmallMFp8, BlockRefusesPerRowScalesAndOddSizes) {
   moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
-// The auto kernel on every path of choose_moe_strategy_fp8_block and of
+// The auto kernel on every path of choose_moe_strategy_fp8_tma64 and of
 // fused_moe_sm90_grouped_fp8_block_tile_m: H = 256 takes the 64 x 256 TMA tiles at T = 1, 24 and 200
 // (1, 8 and 67 rows per expert); H = 384 (not a multiple of 256) takes small_m at T = 1, the 64-row
 // mma.sync tiles at T = 24 and the 128 x 128 tiles at T = 200.
@@ -166,6 +168,31 @@ TEST(FusedMoeSm90Fp8BlockAuto, MatchesTheReferenceOnEveryPath) {
       moe_test::expect_fp8_cuda_matches_ref(prob, kBlockAuto, kBlockAuto);
     }
   }
+}
+
+// The per-row auto kernel on every path of choose_moe_strategy_fp8_tma64 and of
+// fused_moe_sm90_grouped_fp8_tile_m: H = 256 takes the 64 x 256 TMA tiles at T = 1 and 24 (1 and 8
+// rows per expert) and 128 x 256 at T = 200 (67 rows); H = 384 (not a multiple of 256) takes small_m
+// at T = 1, the 64-row mma.sync tiles at T = 6 (2 rows) and 128 x 256 at T = 200. Then the 64 x 256
+// tiles with gemm2 in 4 K ranges (I = 4096 at T = 1), and the router weight on the input.
+TEST(FusedMoeSm90Fp8RowAuto, MatchesTheReferenceOnEveryPath) {
+  const std::string why = moe_test::cuda_kernel_unavailable(kRowAuto);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (int64_t H : {256, 384}) {
+      for (int64_t T : {int64_t(1), H == 256 ? int64_t(24) : int64_t(6), int64_t(200)}) {
+        SCOPED_TRACE(std::string(scheme_name(sc)) + " H = " + std::to_string(H) + ", T = " + std::to_string(T));
+        MoeProblem prob = make(small_shape(sc, T, 6, 2, H, 256));
+        moe_test::expect_fp8_cuda_matches_ref(prob, kRowAuto, kTkw1Auto);
+      }
+    }
+  }
+  MoeProblem split = make(small_shape(Scheme::fp8_channel, 1, 6, 2, 256, 4096));
+  moe_test::expect_fp8_cuda_matches_ref(split, kRowAuto, kTkw1Auto);
+  MoeShape on_input = small_shape(Scheme::fp8_channel, 1, 8, 1, 256, 512);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  moe_test::expect_fp8_cuda_matches_ref(tkw1, kRowAuto, kTkw1Auto);
 }
 
 }  // namespace
