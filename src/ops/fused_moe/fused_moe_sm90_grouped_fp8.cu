@@ -549,17 +549,8 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
                    uint8_t* xq, uint8_t* aq, float* a, float* sa, int n_tiles1, int n_tiles2, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
-  const int64_t n1 = d.N1;
-  CUtensorMap ma1, mb1, ma2, mb2;
-  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 128,
-                                              "fused_moe_sm90_grouped_fp8 xq"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * n1), uint64_t(d.H),
-                                              uint64_t(d.H), 128, "fused_moe_sm90_grouped_fp8 w1"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I), 128,
-                                              "fused_moe_sm90_grouped_fp8 aq"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
-                                              uint64_t(d.I), 128, "fused_moe_sm90_grouped_fp8 w2"));
+  Fp8GemmMaps m;
+  MOEKIT_RETURN_IF_ERROR(encode_fp8_gemm_maps(p, l.tk, xq, aq, 128, 128, "fused_moe_sm90_grouped_fp8", &m));
   int sms = 0;
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
@@ -568,13 +559,13 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
     return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
-                                                "fused_moe_sm90_grouped_fp8 gemm1", ma1, mb1, g1, n_tiles1));
+                                                "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
   return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
-                                "fused_moe_sm90_grouped_fp8 gemm2", ma2, mb2, g2, n_tiles2);
+                                "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
@@ -583,16 +574,8 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
 Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
                      uint8_t* xq, uint8_t* aq, float* a, float* sa, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
-  CUtensorMap ma1, mb1, ma2, mb2;
-  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
-                                              "fused_moe_sm90_grouped_fp8 xq (tma64)"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), uint64_t(d.H),
-                                              uint64_t(d.H), 64, "fused_moe_sm90_grouped_fp8 w1 (tma64)"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I), 64,
-                                              "fused_moe_sm90_grouped_fp8 aq (tma64)"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
-                                              uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8 w2 (tma64)"));
+  Fp8GemmMaps m;
+  MOEKIT_RETURN_IF_ERROR(encode_fp8_gemm_maps(p, l.tk, xq, aq, 64, 64, "fused_moe_sm90_grouped_fp8 (tma64)", &m));
   int sms = 0;
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
@@ -601,12 +584,13 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
     return gemm1_fp8_row64_kernel<decltype(g1u1)::value, decltype(act)::value>;
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
-                                              s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", ma1, mb1, g1, n_tiles1));
+                                              s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", m.ma1, m.mb1, g1,
+                                              n_tiles1));
   MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
                                     "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
                                     int(d.E), int(d.I), nullptr, aq, sa));
   return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kFp8RingThreads,
-                              Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", ma2, mb2, g2,
+                              Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", m.ma2, m.mb2, g2,
                               n_tiles2);
 }
 

@@ -333,16 +333,9 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                    unsigned char* base, cudaStream_t s) {
   using C = Fp8Ring<kBM>;
   const MoeDims d = moe_dims(p);
-  CUtensorMap ma1, mb1, ma2, mb2;
-  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma1, base + l.xq, kU8, 1, uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H),
-                                              kBM, "fused_moe_sm90_grouped_fp8_block xq"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), uint64_t(d.H),
-                                              uint64_t(d.H), 64, "fused_moe_sm90_grouped_fp8_block w1"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&ma2, base + l.aq, kU8, 1, uint64_t(l.tk), uint64_t(d.I), uint64_t(d.I),
-                                              kBM, "fused_moe_sm90_grouped_fp8_block aq"));
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), uint64_t(d.I),
-                                              uint64_t(d.I), 64, "fused_moe_sm90_grouped_fp8_block w2"));
+  Fp8GemmMaps m;
+  MOEKIT_RETURN_IF_ERROR(
+      encode_fp8_gemm_maps(p, l.tk, base + l.xq, base + l.aq, kBM, 64, "fused_moe_sm90_grouped_fp8_block", &m));
   int sms = 0;
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8_block: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
@@ -352,10 +345,10 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM>;
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
-                                              "fused_moe_sm90_grouped_fp8_block gemm1", ma1, mb1, g1, n_tiles1));
+                                              "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads, C::kSmemBytes, s,
-                              "fused_moe_sm90_grouped_fp8_block gemm2", ma2, mb2, g2, n_tiles2);
+  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
+                              C::kSmemBytes, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
 
 // The BM 64 gemms (mma.sync, grid (tiles_max, N tiles), pipelines kStages1 (gemm1) and kStages2

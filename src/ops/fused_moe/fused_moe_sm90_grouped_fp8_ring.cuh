@@ -13,7 +13,10 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <string>
 
+#include "cuda/tensor_map.h"
+#include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 
 namespace moekit::cuda::grouped {
@@ -95,6 +98,25 @@ __device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM>::Sm
     for (int b = 0; b < C::kBoxes; ++b) tma_load_2d(sm.b(ring.s) + b * kFp8BoxBytes, mb, kt * kFp8Slice, b_rows[b], full);
     ring.next();
   }
+}
+
+// The four TMA maps of the fp8 gemms, over one-byte codes: the A operands xq [tk, H] and aq [tk, I]
+// in boxes of a_rows rows, the B operands w1 [E * N1, H] and w2 [E * H, I] in boxes of b_rows rows.
+// Errors name `what` and the operand.
+struct Fp8GemmMaps {
+  CUtensorMap ma1, mb1, ma2, mb2;
+};
+inline Status encode_fp8_gemm_maps(const FusedMoeParams& p, int64_t tk, const void* xq, const void* aq,
+                                   uint32_t a_rows, uint32_t b_rows, const char* what, Fp8GemmMaps* m) {
+  const MoeDims d = moe_dims(p);
+  constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const std::string w = what;
+  const uint64_t T = uint64_t(tk), H = uint64_t(d.H), I = uint64_t(d.I);
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&m->ma1, xq, kU8, 1, T, H, H, a_rows, (w + " xq").c_str()));
+  MOEKIT_RETURN_IF_ERROR(
+      encode_tensor_map_2d(&m->mb1, p.w1.data, kU8, 1, uint64_t(d.E * d.N1), H, H, b_rows, (w + " w1").c_str()));
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&m->ma2, aq, kU8, 1, T, I, I, a_rows, (w + " aq").c_str()));
+  return encode_tensor_map_2d(&m->mb2, p.w2.data, kU8, 1, uint64_t(d.E * d.H), I, I, b_rows, (w + " w2").c_str());
 }
 
 }  // namespace moekit::cuda::grouped
