@@ -508,6 +508,7 @@ TEST(QuantizeFp8, CudaGraphCaptureAndReplay) {
     CUDA_OK(cudaMalloc(&d_out, size_t(n)));
     CUDA_OK(cudaMalloc(&d_scale, size_t(scale.numel()) * 4));
     CUDA_OK(cudaMemcpy(d_scale, scale.bytes.data(), size_t(scale.numel()) * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());  // the graph runs on a non-blocking stream
     QuantizeFp8Params p;
     p.in = device_view(d_in, DType::bf16, dims);
     p.out = device_view(d_out, kFn, dims);
@@ -527,7 +528,9 @@ TEST(QuantizeFp8, CudaGraphCaptureAndReplay) {
     for (uint64_t round = 0; round < 2; ++round) {
       Rng rng(100 + round);
       const Buffer in = random_input(DType::bf16, dims, rng, 50);
-      CUDA_OK(cudaMemcpy(d_in, in.bytes.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+      // On `stream`: a plain cudaMemcpy from pageable memory may return before its DMA lands, and
+      // the non-blocking stream does not wait for the legacy stream (replay 1 read stale input).
+      CUDA_OK(cudaMemcpyAsync(d_in, in.bytes.data(), size_t(n) * 2, cudaMemcpyHostToDevice, stream));
       CUDA_OK(cudaGraphLaunch(exec, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       Result got{Buffer(kFn, dims), Buffer(DType::f32, sd), Status()};
@@ -596,8 +599,8 @@ TEST(ConvertFp8, CudaGraphCaptureAndReplay) {
     for (uint8_t& c : codes) c = uint8_t(rng.gen() & 0xFF);
     std::vector<float> sc(8);
     for (float& v : sc) v = rng.uniform(1e-3f, 1.0f);
-    CUDA_OK(cudaMemcpy(d_in, codes.data(), size_t(n), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(d_s, sc.data(), 8 * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpyAsync(d_in, codes.data(), size_t(n), cudaMemcpyHostToDevice, stream));  // see above
+    CUDA_OK(cudaMemcpyAsync(d_s, sc.data(), 8 * 4, cudaMemcpyHostToDevice, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<uint8_t> got(static_cast<size_t>(n));
