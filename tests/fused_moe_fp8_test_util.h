@@ -27,7 +27,8 @@ inline std::string cuda_kernel_unavailable(const char* kernel) {
 // The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input of a per-row /
 // per-tensor problem; block-scaled problems always run row_kernel) on device copies of prob's
 // tensors against the fp8 ref kernel of the problem's variant on the host; outputs must be finite.
-inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel, const char* tkw1_kernel) {
+inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel, const char* tkw1_kernel,
+                                        MoeCompare compare = MoeCompare::kernel_vs_ref) {
   FusedMoeParams p = prob.params();
   const bool tkw1 = p.weight_on_input, block = p.scale_block_n > 0;
   RunOptions ro;
@@ -56,7 +57,7 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
   std::string detail;
   const MoeVariant v = block ? MoeVariant::fp8_block : tkw1 ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
   EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H,
-                        moe_tolerance(v, prob.x_dtype, MoeCompare::kernel_vs_ref), &m, &detail))
+                        moe_tolerance(v, prob.x_dtype, compare), &m, &detail))
       << detail << " | worst " << m.worst;
 }
 

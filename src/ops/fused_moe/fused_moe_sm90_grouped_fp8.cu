@@ -370,36 +370,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 // registers before the first store.
 using Ring64 = Fp8Ring<64>;
 
-// Consumer warpgroup wg: acc = its 64 rows x 128 columns of the tile over the KT slices, as
-// ws_consume_tile (one group pending; a slice's stage is released once the next group is issued and
-// the slice's group completed).
+// Consumer warpgroup wg: acc = its 64 rows x 128 columns of the tile over the KT slices, each
+// slice's partial sums promoted into f32 (fp8_ring_consume_promoted: sm_90's e4m3 wgmma
+// accumulates with fewer bits than f32; its NOTE has the measured error of the unpromoted sums).
 __device__ __forceinline__ void row64_consume_tile(const Ring64::Smem& sm, Ring64::Ring& ring, int wg, int KT,
                                                    float (&acc)[16][4]) {
-  const bool leader = (threadIdx.x & 31) == 0;
-  const uint32_t b_off = Ring64::b_off(wg);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-  int prev = -1;
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(sm.full(ring.s), ring.phase);
-    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s));
-    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s) + b_off);
-    fence_regs(acc);
-    wgmma_fence();
+  fp8_ring_consume_promoted<64>(sm, ring, wg, KT, [&](const float(&cur)[16][4], auto, int) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(acc, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_regs(acc);
-    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
-    prev = ring.s;
-    ring.next();
-  }
-  wgmma_wait<0>();
-  fence_regs(acc);
-  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] += cur[j][q];
+  });
 }
 
 // The persistent schedule of the 64 x 256 kernels, each tile in `splits` K ranges (split_tile):
@@ -412,6 +397,7 @@ __device__ __forceinline__ void row64_run(const Ring64::Smem& sm, const CUtensor
   const int num_m = *p.num_tiles, total = num_m * n_tiles * splits, KT = K / kSliceCodes;
   Ring64::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
+    setmaxnreg_dec<kFp8RingProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
@@ -421,6 +407,7 @@ __device__ __forceinline__ void row64_run(const Ring64::Smem& sm, const CUtensor
     }
     return;
   }
+  setmaxnreg_inc<kFp8RingConsumerRegs>();  // acc and part
   const int wg = warp >> 2;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);

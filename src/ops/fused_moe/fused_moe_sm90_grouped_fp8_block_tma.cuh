@@ -19,40 +19,14 @@ struct BlkScales {
 };
 
 // Consumer warpgroup wg: acc (its 64 rows and 128 columns of the tile, Fp8Ring) = sum over K slices
-// of the slice's wgmma partial sums times a_scale * w_scale.
-// Two partial-sum buffers: slice kt + 1's wgmma group is issued into one before slice kt's partial
-// sums in the other are promoted, so the tensor cores work while this warpgroup promotes (64 + 2 x 64
-// accumulators: the consumers' 232 registers of kFp8RingThreads, setmaxnreg in blk_run).
-// NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
-// tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
-// fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
+// of the slice's wgmma partial sums times a_scale * w_scale (fp8_ring_consume_promoted).
 template <int kBM>
 __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Smem& sm, typename Fp8Ring<kBM>::Ring& ring,
                                                  int wg, int KT, const BlkScales& sc, float (&acc)[16][4]) {
-  const bool leader = (threadIdx.x & 31) == 0;
-  const uint32_t a_off = Fp8Ring<kBM>::a_off(wg), b_off = Fp8Ring<kBM>::b_off(wg);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-  // Not initialised: each group's first wgmma ignores them (scale-d 0). NOTE: zeroing them let the
-  // compiler share one zero register between an operand of the first group and later copies, which
-  // read it while the group was in flight (ptxas then serializes with an injected wait).
-  float ta[16][4], tb[16][4];
-  // Issues the next slice's wgmma group (the ring's current stage) into t; returns its stage.
-  auto issue = [&](float (&t)[16][4]) {
-    const int st = ring.s;
-    mbar_wait(sm.full(st), ring.phase);
-    const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
-    const uint64_t db = wgmma_desc_sw128(sm.b(st) + b_off);
-    fence_regs(t);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
-    wgmma_commit();  // t stays untouched until the wait that retires this group (fence_regs there)
-    ring.next();
-    return st;
-  };
   // Slice kt's scales. NOTE: loaded a slice ahead (slice kt + 2's right after slice kt's promotion,
   // kept in registers until slice kt + 2 is promoted), so two groups' time covers their latency: the
   // waits are memory barriers to the compiler, and loads placed just before them (one group's cover)
@@ -64,11 +38,10 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
   auto scales = [&](int kt) {
     return Sc{sc.row0 != nullptr ? sc.row0[kt] : 0.0f, sc.row1 != nullptr ? sc.row1[kt] : 0.0f, sc.lo[kt], sc.hi[kt]};
   };
-  // Slice kt's partial sums (cur, its group retired; from stage st) into acc; the stage is released.
-  auto promote = [&](float (&cur)[16][4], const Sc& f, int st) {
-    const float s0 = f.s0, s1 = f.s1, lo = f.lo, hi = f.hi;
-    fence_regs(cur);
-    if (leader) mbar_arrive(sm.empty(st));
+  Sc f[2] = {scales(0), scales(KT > 1 ? 1 : 0)};  // the scales of each buffer's next slice
+  fp8_ring_consume_promoted<kBM>(sm, ring, wg, KT, [&](const float(&cur)[16][4], auto buf, int kt) {
+    const Sc& fb = f[decltype(buf)::value];
+    const float s0 = fb.s0, s1 = fb.s1, lo = fb.lo, hi = fb.hi;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float c = j < 8 ? lo : hi;
@@ -78,33 +51,8 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
       acc[j][2] += cur[j][2] * f1;
       acc[j][3] += cur[j][3] * f1;
     }
-  };
-  // NOTE: every exit of the loop follows a wait<0>, and at its head exactly ta's group is pending:
-  // ptxas tracks the groups per path and otherwise injects waits that serialize the wgmma.
-  int kt = 0, sa = issue(ta), sb = 0;
-  Sc fa = scales(0), fb = scales(KT > 1 ? 1 : 0);  // the scales of ta's and tb's next slices
-  while (true) {
-    if (kt + 1 >= KT) {
-      wgmma_wait<0>();
-      promote(ta, fa, sa);
-      break;
-    }
-    sb = issue(tb);
-    wgmma_wait<1>();  // ta's group (the older one) retired
-    promote(ta, fa, sa);
-    if (kt + 2 < KT) fa = scales(kt + 2);
-    ++kt;
-    if (kt + 1 >= KT) {
-      wgmma_wait<0>();
-      promote(tb, fb, sb);
-      break;
-    }
-    sa = issue(ta);
-    wgmma_wait<1>();
-    promote(tb, fb, sb);
-    if (kt + 2 < KT) fb = scales(kt + 2);
-    ++kt;
-  }
+    if (kt + 2 < KT) f[decltype(buf)::value] = scales(kt + 2);
+  });
 }
 
 // The persistent schedule (as ws_run) with the block-scaled consumer, each tile in `splits` K ranges

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/tensor_map.h"
 #include "moekit/ops/fused_moe.h"
@@ -64,6 +65,78 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+// Consumer warpgroup wg of an Fp8Ring<kBM> tile (its 64 rows and 128 columns: A rows a_off(wg), B
+// boxes b_off(wg)): each of the KT slices' wgmma m64n128k32 partial sums, in one of two buffers,
+// handed to fold(cur, buf, kt) (buf: std::integral_constant 0 or 1, the buffer; kt: the slice) once
+// its group retired and its stage went back to the producer. fold promotes them into the caller's
+// f32 accumulators (times the slice's scales for the block-scaled gemms).
+// Two buffers: slice kt + 1's group is issued into one before slice kt's partial sums in the other
+// are folded, so the tensor cores work while this warpgroup promotes (2 x 64 accumulators; the
+// caller's own 64: the consumers' 232 registers of kFp8RingThreads, setmaxnreg).
+// NOTE: sm_90's e4m3 wgmma keeps fewer accumulator bits than f32 (the DeepSeek-V3 report; DeepGEMM
+// and CUTLASS's non-"FastAccum" fp8 kernels promote for the same reason): summed over all of K in
+// the tensor cores, the 64 x 256 per-row kernel left 14% of the outputs of H = 4096, k = 2, I = 256,
+// 3 tokens outside the kernel-vs-reference bound (cos 0.99982), 5.8% when promoted every 4 slices
+// and none when promoted every slice (FusedMoeSm90GroupedFp8Tma64.LongGateUpK, H200 2026-12-01).
+// NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
+// tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
+// fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
+template <int kBM, class Fold>
+__device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring<kBM>::Smem& sm,
+                                                          typename Fp8Ring<kBM>::Ring& ring, int wg, int KT, Fold fold) {
+  using Zero = std::integral_constant<int, 0>;
+  using One = std::integral_constant<int, 1>;
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t a_off = Fp8Ring<kBM>::a_off(wg), b_off = Fp8Ring<kBM>::b_off(wg);
+  // Not initialised: each group's first wgmma ignores them (scale-d 0). NOTE: zeroing them let the
+  // compiler share one zero register between an operand of the first group and later copies, which
+  // read it while the group was in flight (ptxas then serializes with an injected wait).
+  float ta[16][4], tb[16][4];
+  // Issues the next slice's wgmma group (the ring's current stage) into t; returns its stage.
+  auto issue = [&](float (&t)[16][4]) {
+    const int st = ring.s;
+    mbar_wait(sm.full(st), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(st) + b_off);
+    fence_regs(t);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
+    wgmma_commit();  // t stays untouched until the wait that retires this group (fence_regs there)
+    ring.next();
+    return st;
+  };
+  // The group of t (stage st) retired: the stage goes back to the producer, then t is folded.
+  auto retire = [&](float (&t)[16][4], int st, auto buf, int kt) {
+    fence_regs(t);
+    if (leader) mbar_arrive(sm.empty(st));
+    fold(t, buf, kt);
+  };
+  // NOTE: every exit of the loop follows a wait<0>, and at its head exactly ta's group is pending:
+  // ptxas tracks the groups per path and otherwise injects waits that serialize the wgmma.
+  int kt = 0, sa = issue(ta), sb = 0;
+  while (true) {
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      retire(ta, sa, Zero{}, kt);
+      break;
+    }
+    sb = issue(tb);
+    wgmma_wait<1>();  // ta's group (the older one) retired
+    retire(ta, sa, Zero{}, kt);
+    ++kt;
+    if (kt + 1 >= KT) {
+      wgmma_wait<0>();
+      retire(tb, sb, One{}, kt);
+      break;
+    }
+    sa = issue(ta);
+    wgmma_wait<1>();
+    retire(tb, sb, One{}, kt);
+    ++kt;
+  }
 }
 
 // Work item t of a persistent schedule over num_m x n_tiles tiles, each in `splits` K ranges of
