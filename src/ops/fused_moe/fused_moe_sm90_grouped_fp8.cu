@@ -387,34 +387,17 @@ __device__ __forceinline__ void row64_consume_tile(const Ring64::Smem& sm, Ring6
   });
 }
 
-// The persistent schedule of the 64 x 256 kernels, each tile in `splits` K ranges (split_tile):
-// boxes(m, n, row0, b_rows) -> the A first row and the four B box rows, epi(m, n, sp, wg, acc) with
-// sp the K range. The producer warpgroup returns early; no CTA-wide barrier may follow.
+// The schedule of the 64 x 256 kernels (fp8_ring_run), each tile in `splits` K ranges:
+// boxes(m, n, row0, b_rows) as there, epi(m, n, sp, wg, acc) with sp the K range.
 template <class Boxes, class Epi>
 __device__ __forceinline__ void row64_run(const Ring64::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                           const Fp8GemmArgs& p, int n_tiles, int K, int splits, Boxes boxes, Epi epi) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles * splits, KT = K / kSliceCodes;
-  Ring64::Ring ring;
-  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
-    setmaxnreg_dec<kFp8RingProducerRegs>();
-    if (warp != kWsConsumerWarps || lane != 0) return;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
-      int row0, b_rows[Ring64::kBoxes];
-      boxes(w.m, w.n, row0, b_rows);
-      fp8_ring_produce<64>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
-    }
-    return;
-  }
-  setmaxnreg_inc<kFp8RingConsumerRegs>();  // acc and part
-  const int wg = warp >> 2;
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
-    float acc[16][4];
-    row64_consume_tile(sm, ring, wg, w.kn, acc);
-    epi(w.m, w.n, w.sp, wg, acc);
-  }
+  fp8_ring_run<64>(sm, ma, mb, *p.num_tiles, n_tiles, K / kSliceCodes, splits, boxes,
+                   [&](const SplitTile& w, int wg, Ring64::Ring& ring) {
+                     float acc[16][4];
+                     row64_consume_tile(sm, ring, wg, w.kn, acc);
+                     epi(w.m, w.n, w.sp, wg, acc);
+                   });
 }
 
 // gemm1: N tiles of 128 gate + 128 up columns (g1u1; warpgroup wg: gate and up columns i0 + 64 wg ..)
@@ -432,12 +415,8 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   row64_run(
       sm, &ma, &mb, p, n_tiles, p.H, 1,
       [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
-        const int e = p.tile_expert[m], i0 = n * nb;
         row0 = p.tile_row0[m];
-#pragma unroll
-        for (int k = 0; k < Ring64::kBoxes; ++k) {  // g1u1: gate, up, gate, up; g1u0: consecutive
-          b[k] = e * n1 + (G1U1 ? (k % 2) * p.I + (k / 2) * 64 + i0 : i0 + 64 * k);
-        }
+        fp8_gemm1_box_rows<Ring64::kBoxes, G1U1>(p.tile_expert[m], n1, p.I, n * nb, b);
       },
       [&](int m, int n, int, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
@@ -498,8 +477,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       sm, &ma, &mb, p, n_tiles, p.I, p.splits,
       [&](int m, int n, int& row0, int (&b)[Ring64::kBoxes]) {
         row0 = p.tile_row0[m];
-#pragma unroll
-        for (int k = 0; k < Ring64::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * 256 + 64 * k;
+        fp8_gemm2_box_rows(p.tile_expert[m], p.H, n * 256, b);
       },
       [&](int m, int n, int sp, int wg, const float (&acc)[16][4]) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * 256 + wg * 128;

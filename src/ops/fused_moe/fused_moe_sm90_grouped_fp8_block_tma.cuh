@@ -55,7 +55,7 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
   });
 }
 
-// The persistent schedule (as ws_run) with the block-scaled consumer, each tile in `splits` K ranges
+// The schedule of fp8_ring_run with the block-scaled consumer, each tile in `splits` K ranges
 // (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B box rows,
 // wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's weight scale rows, epi(m, n, sp, wg, acc)
 // with sp the K range.
@@ -65,34 +65,20 @@ __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM>::Smem& sm, c
                                         Boxes boxes, WBlocks wblocks, Epi epi) {
   using C = Fp8Ring<kBM>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int num_m = *p.num_tiles, total = num_m * n_tiles * splits, KT = K / kBlk, NB = N / kBlk;
-  typename C::Ring ring;
-  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
-    setmaxnreg_dec<kFp8RingProducerRegs>();
-    if (warp != kWsConsumerWarps || lane != 0) return;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
-      int row0, b_rows[C::kBoxes];
-      boxes(w.m, w.n, row0, b_rows);
-      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
-    }
-    return;
-  }
-  setmaxnreg_inc<kFp8RingConsumerRegs>();
-  const int wg = warp >> 2;
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
-    int blo, bhi;
-    wblocks(w.m, w.n, wg, blo, bhi);
-    const int e = p.tile_expert[w.m], r0 = p.tile_row0[w.m] + C::row_of(warp, lane);
-    const float* ws = p.w_scale + int64_t(e) * NB * KT + w.kt0;  // the scales of the range's slices
-    BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT + w.kt0 : nullptr,
-                 r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT + w.kt0 : nullptr, ws + int64_t(blo) * KT,
-                 ws + int64_t(bhi) * KT};
-    float acc[16][4];
-    blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
-    epi(w.m, w.n, w.sp, wg, acc);
-  }
+  const int KT = K / kBlk, NB = N / kBlk;
+  fp8_ring_run<kBM>(sm, ma, mb, *p.num_tiles, n_tiles, KT, splits, boxes,
+                    [&](const SplitTile& w, int wg, typename C::Ring& ring) {
+                      int blo, bhi;
+                      wblocks(w.m, w.n, wg, blo, bhi);
+                      const int e = p.tile_expert[w.m], r0 = p.tile_row0[w.m] + C::row_of(warp, lane);
+                      const float* ws = p.w_scale + int64_t(e) * NB * KT + w.kt0;  // the range's slices
+                      BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT + w.kt0 : nullptr,
+                                   r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT + w.kt0 : nullptr,
+                                   ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT};
+                      float acc[16][4];
+                      blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
+                      epi(w.m, w.n, w.sp, wg, acc);
+                    });
 }
 
 // gemm1: ma = xq [Tk, H] (boxes of kBM rows), mb = w1 as [E * N1, H] (boxes of 64 rows). The N tile
@@ -113,12 +99,8 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   blk_run<kBM>(
       sm, &ma, &mb, p, n_tiles, p.H, n1, 1,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
-        const int e = p.tile_expert[m], i0 = n * nb;
         row0 = p.tile_row0[m];
-#pragma unroll
-        for (int k = 0; k < C::kBoxes; ++k) {  // g1u1: gate, up, gate, up; g1u0: consecutive
-          b[k] = e * n1 + (G1U1 ? (k % 2) * p.I + (k / 2) * 64 + i0 : i0 + 64 * k);
-        }
+        fp8_gemm1_box_rows<C::kBoxes, G1U1>(p.tile_expert[m], n1, p.I, n * nb, b);
       },
       [&](int, int n, int wg, int& lo, int& hi) {
         const int c0 = n * nb + wg * wg_cols;
@@ -169,8 +151,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       sm, &ma, &mb, p, n_tiles, p.I, p.H, p.splits,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         row0 = p.tile_row0[m];
-#pragma unroll
-        for (int k = 0; k < C::kBoxes; ++k) b[k] = p.tile_expert[m] * p.H + n * C::kNCols + 64 * k;
+        fp8_gemm2_box_rows(p.tile_expert[m], p.H, n * C::kNCols, b);
       },
       [&](int, int n, int wg, int& lo, int& hi) { lo = hi = (n * C::kNCols + wg * wg_cols) / kBlk; },
       [&](int m, int n, int sp, int wg, const float (&acc)[16][4]) {

@@ -26,8 +26,8 @@ constexpr int kFp8Slice = 128;                  // codes per K slice (128 bytes:
 constexpr uint32_t kFp8BoxBytes = 64 * kFp8Slice;  // one 64-row B box of a slice
 // Two consumer warpgroups and a producer warpgroup (one lane of it issues the TMA loads).
 // setmaxnreg moves registers from the producer (kFp8RingProducerRegs) to the consumers
-// (kFp8RingConsumerRegs; the block-scaled consumer holds its promoted sums and two partial-sum
-// buffers).
+// (kFp8RingConsumerRegs; a consumer holds its promoted sums and two partial-sum buffers,
+// fp8_ring_consume_promoted), in fp8_ring_run.
 constexpr int kFp8RingThreads = 32 * kWsConsumerWarps + 128;
 constexpr int kFp8RingProducerRegs = 40, kFp8RingConsumerRegs = 232;
 static_assert(32 * kWsConsumerWarps * kFp8RingConsumerRegs + 128 * kFp8RingProducerRegs <= 65536,
@@ -170,6 +170,52 @@ __device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM>::Sm
 #pragma unroll
     for (int b = 0; b < C::kBoxes; ++b) tma_load_2d(sm.b(ring.s) + b * kFp8BoxBytes, mb, kt * kFp8Slice, b_rows[b], full);
     ring.next();
+  }
+}
+
+// The B box rows of a gemm1 N tile of expert e (n1 rows per expert in w1) whose gate columns start at
+// i0: g1u1 gate, up, gate, up (64 columns each: kBoxes = 2 gives one gate and one up box), g1u0
+// consecutive.
+template <int kBoxes, bool G1U1>
+__device__ __forceinline__ void fp8_gemm1_box_rows(int e, int n1, int I, int i0, int (&b)[kBoxes]) {
+#pragma unroll
+  for (int k = 0; k < kBoxes; ++k) b[k] = e * n1 + (G1U1 ? (k % 2) * I + (k / 2) * 64 + i0 : i0 + 64 * k);
+}
+// The B box rows of a gemm2 N tile of expert e starting at row h0 of its H rows in w2.
+template <int kBoxes>
+__device__ __forceinline__ void fp8_gemm2_box_rows(int e, int H, int h0, int (&b)[kBoxes]) {
+#pragma unroll
+  for (int k = 0; k < kBoxes; ++k) b[k] = e * H + h0 + 64 * k;
+}
+
+// The persistent schedule of the Fp8Ring<kBM> gemms over num_m x n_tiles tiles, each in `splits` K
+// ranges of the KT slices (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B
+// box rows for the producer; tile(w, wg, ring) consumes work item w as consumer warpgroup wg.
+// setmaxnreg moves registers from the producer warpgroup to the consumers (their two partial-sum
+// buffers, fp8_ring_consume_promoted). The producer returns early; no CTA-wide barrier may follow.
+template <int kBM, class Boxes, class Tile>
+__device__ __forceinline__ void fp8_ring_run(const typename Fp8Ring<kBM>::Smem& sm, const CUtensorMap* ma,
+                                             const CUtensorMap* mb, int num_m, int n_tiles, int KT, int splits,
+                                             Boxes boxes, Tile tile) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int total = num_m * n_tiles * splits;
+  typename Fp8Ring<kBM>::Ring ring;
+  if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
+    setmaxnreg_dec<kFp8RingProducerRegs>();
+    if (warp != kWsConsumerWarps || lane != 0) return;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
+      int row0, b_rows[Fp8Ring<kBM>::kBoxes];
+      boxes(w.m, w.n, row0, b_rows);
+      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
+    }
+    return;
+  }
+  setmaxnreg_inc<kFp8RingConsumerRegs>();
+  const int wg = warp >> 2;
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
+    tile(w, wg, ring);
   }
 }
 
