@@ -26,6 +26,7 @@
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_quant.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
@@ -36,7 +37,6 @@ namespace grouped {
 namespace {
 
 constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
-constexpr int kQuantThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
 // One scale per row for x and a; gemm2 in K ranges when its work list is short.
@@ -55,49 +55,7 @@ Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) 
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
-// One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when
-// row_entry is given, else src row r) -> n e4m3fn codes q[r] and its scale s[r]:
-// s = max(amax, kFp8AmaxFloor) / 448 (or *fixed), code = e4m3fn(v / s) (bit-identical to the
-// reference's f32_to_e4m3fn_bits: cuda/fp8_encode.cuh). n % 8 == 0, rows 16-byte aligned.
-template <class S>
-__global__ void __launch_bounds__(kQuantThreads)
-    quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
-                      const float* fixed, uint8_t* q, float* scale) {
-  wait_for_predecessor();
-  const int r = blockIdx.x;
-  if (r >= offsets[E]) return;
-  const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
-  __shared__ float red[kQuantThreads / 32];
-  float s;
-  if (fixed != nullptr) {
-    s = *fixed;
-  } else {
-    float amax = 0.0f;
-    for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
-      float f[8];
-      load_f32<8>(v + c, f);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = red[0];
-#pragma unroll
-    for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-    s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
-  }
-  uint8_t* qr = q + int64_t(r) * n;
-  for (int c = threadIdx.x * 8; c < n; c += kQuantThreads * 8) {
-    float f[8];
-    load_f32<8>(v + c, f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = __fdiv_rn(f[i], s);
-    *reinterpret_cast<uint2*>(qr + c) = make_uint2(encode4_e4m3fn(f), encode4_e4m3fn(f + 4));
-  }
-  if (threadIdx.x == 0) scale[r] = s;
-}
+// quant_rows_kernel, launch_quant_rows: fused_moe_sm90_grouped_fp8_quant.cuh.
 
 // ---------------------------------------------------------------- the two GEMMs
 struct Fp8GemmArgs {
@@ -526,9 +484,8 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
                                                 "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
-  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
-                                    "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
-                                    int(d.E), int(d.I), nullptr, aq, sa));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E),
+                                           int(d.I), nullptr, aq, sa, l.tk, s, "fused_moe_sm90_grouped_fp8 quant a"));
   return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
                                 "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
@@ -551,9 +508,8 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
                                               s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", m.ma1, m.mb1, g1,
                                               n_tiles1));
-  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
-                                    "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1, g1.offsets,
-                                    int(d.E), int(d.I), nullptr, aq, sa));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E),
+                                           int(d.I), nullptr, aq, sa, l.tk, s, "fused_moe_sm90_grouped_fp8 quant a"));
   return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kFp8RingThreads,
                               Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", m.ma2, m.mb2, g2,
                               n_tiles2);
@@ -581,10 +537,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
-  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<TT>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
-                                    "fused_moe_sm90_grouped_fp8 quant x", static_cast<const TT*>(p.x.data),
-                                    p.x.stride[0], at(l.row_entry), int(d.k), at(l.offsets), int(d.E), int(d.H),
-                                    fixed, xq, sx));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.row_entry), int(d.k),
+                                           at(l.offsets), int(d.E), int(d.H), fixed, xq, sx, l.tk, s,
+                                           "fused_moe_sm90_grouped_fp8 quant x"));
 
   const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
   Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
@@ -603,9 +558,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
     MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), unsigned(n_tiles1)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm1 (BM 64)", g1, xq,
                                       static_cast<const uint8_t*>(p.w1.data)));
-    MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_rows_kernel<float>, dim3(unsigned(l.tk)), dim3(kQuantThreads), 0, s,
-                                      "fused_moe_sm90_grouped_fp8 quant a", a, int64_t(d.I), nullptr, 1,
-                                      at(l.offsets), int(d.E), int(d.I), nullptr, aq, sa));
+    MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, at(l.offsets),
+                                             int(d.E), int(d.I), nullptr, aq, sa, l.tk, s,
+                                             "fused_moe_sm90_grouped_fp8 quant a"));
     MOEKIT_RETURN_IF_ERROR(launch_mma(gemm2_fp8_mma_kernel, dim3(unsigned(l.tiles_max), unsigned(n_tiles2)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm2 (BM 64)", g2, aq,
                                       static_cast<const uint8_t*>(p.w2.data)));

@@ -54,6 +54,7 @@
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
+#include "ops/fused_moe/fused_moe_sm90_grouped_fp8_quant.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
@@ -63,7 +64,6 @@ namespace grouped {
 namespace {
 
 constexpr int kBlk = 128;                                  // scale block (N and K) = one K slice of codes
-constexpr int kQThreads = 256;
 
 // ---------------------------------------------------------------- workspace layout
 // One scale per 128-group of x and a rows; M tiles of bm rows (128: TMA + wgmma; 64: mma.sync,
@@ -76,31 +76,7 @@ Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) 
 }
 
 // ---------------------------------------------------------------- per-group quantizer
-// One block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k], or src row r
-// without row_entry) -> n codes q[r] and n / 128 group scales scale[r, g]; warp w takes groups w,
-// w + 8, ..., each lane 4 consecutive values. n % 128 == 0.
-template <class S>
-__global__ void __launch_bounds__(kQThreads)
-    quant_groups_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
-                        int n, uint8_t* q, float* scale) {
-  wait_for_predecessor();
-  const int r = blockIdx.x;
-  if (r >= offsets[E]) return;
-  const S* v = src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = n / kBlk;
-  for (int g = warp; g < G; g += kQThreads / 32) {
-    float f[4];
-    load_f32<4>(v + g * kBlk + lane * 4, f);
-    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = __fdiv_rn(f[i], s);
-    *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kBlk + lane * 4) = encode4_e4m3fn(f);
-    if (lane == 0) scale[int64_t(r) * G + g] = s;
-  }
-}
+// quant_groups_kernel, launch_quant_groups: fused_moe_sm90_grouped_fp8_quant.cuh.
 
 // ---------------------------------------------------------------- gemm arguments
 // Both tile shapes' gemms (the 128-row kernels of fused_moe_sm90_grouped_fp8_block_tma.cuh and the
@@ -321,9 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, unsigned char* base,
                       cudaStream_t s, const char* what) {
   const MoeDims d = moe_dims(p);
-  return launch_pdl(quant_groups_kernel<float>, dim3(unsigned(l.tk)), dim3(kQThreads), 0, s, what,
-                    static_cast<const float*>(g1.out), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E), int(d.I),
-                    base + l.aq, reinterpret_cast<float*>(base + l.sa));
+  return launch_quant_groups(static_cast<const float*>(g1.out), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E),
+                             int(d.I), base + l.aq, reinterpret_cast<float*>(base + l.sa), l.tk, s, what);
 }
 
 // The TMA gemms (kBM-row tiles, fused_moe_sm90_grouped_fp8_block_tma.cuh) and the quantization of a
@@ -408,10 +383,9 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
                                        at(l.tile_row0), at(l.num_tiles)},
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8_block route"));
-  MOEKIT_RETURN_IF_ERROR(launch_pdl(quant_groups_kernel<TT>, dim3(unsigned(l.tk)), dim3(kQThreads), 0, s,
-                                    "fused_moe_sm90_grouped_fp8_block quant x", static_cast<const TT*>(p.x.data),
-                                    p.x.stride[0], at(l.row_entry), int(d.k), at(l.offsets), int(d.E), int(d.H),
-                                    base + l.xq, fat(l.sx)));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_groups(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.row_entry),
+                                             int(d.k), at(l.offsets), int(d.E), int(d.H), base + l.xq, fat(l.sx),
+                                             l.tk, s, "fused_moe_sm90_grouped_fp8_block quant x"));
 
   BlkArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sx), p.w1_scale.ptr<const float>(), fat(l.a), int(d.H), int(d.I),

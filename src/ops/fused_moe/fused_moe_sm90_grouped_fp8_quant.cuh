@@ -1,0 +1,189 @@
+// The activation quantizers of the grouped fp8 paths (fused_moe_sm90_grouped_fp8 and
+// fused_moe_sm90_grouped_fp8_block): x before the gate/up GEMM, a between the two GEMMs. One block
+// per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when row_entry is given,
+// else src row r) -> n e4m3fn codes q[r] and its scales, exactly as the reference quantizes
+// (fused_moe_ref_fp8.cpp): s = max(amax, kFp8AmaxFloor) / 448, code = e4m3fn(v / s) (bit-identical to
+// f32_to_e4m3fn_bits, cuda/fp8_encode.cuh).
+// Two launch shapes (launch_quant_rows / launch_quant_groups):
+// - up to kQuantFewRows rows (a row's latency is the time) that the other shape would not cover in
+//   one pass (more than 256 chunks or 8 groups): as many threads as the row has 8-value chunks (or
+//   warps as it has groups; up to 1024 threads), each loading all of its (up to 2 chunks or 4 groups)
+//   before it reduces or encodes any: one memory round trip per row, and the per-row quantizer reads
+//   its row once (from registers while n <= threads * 16).
+// - otherwise: 256 threads, a chunk (or a warp's group) at a time, per-row amax then codes in two
+//   passes over the row; few registers, so that many blocks share an SM and hide each other's latency.
+// NOTE: the 256-thread loop alone took 8.1 us for the two 14336-wide rows of a at Mixtral T = 1
+// (ncu, 2026-12-01, docs/PERF.md: a chain of dependent round trips). The latency shape for all row
+// counts (1024-thread bound, up to four chunks a thread held in 50-60 registers) cost 3-19% where
+// rows are many (Qwen3 fp8_channel T = 4096 698 -> 828 us, Mixtral fp8_block T = 512 / 4096 +6%):
+// fewer blocks fit an SM, and each does one short round trip. On rows that one 256-thread pass covers
+// (Qwen3 T = 1: 768- and 2048-wide rows) it ran 0.5-1.8% slower than the 256-thread shape.
+// CUDA-only header: include from the .cu files of those paths, inside namespace grouped.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/fp8_encode.cuh"
+#include "cuda/pdl.cuh"
+#include "moekit/ops/quant.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
+
+namespace moekit::cuda::grouped {
+namespace {
+
+constexpr int kQuantMaxThreads = 1024;
+constexpr int kQuantManyThreads = 256;   // block size for many rows
+constexpr int kQuantFewRows = 128;       // up to this many rows: the latency shape (H200: 132 SMs)
+constexpr int kQuantGroup = 128;         // values per scale group of quant_groups_kernel
+
+template <class S>
+__device__ __forceinline__ const S* quant_src_row(const S* src, int64_t ld, const int32_t* row_entry, int k, int r) {
+  return src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
+}
+
+// Per row: one scale s[r] (or *fixed, a static scale). n % 8 == 0, rows 16-byte aligned. kC: chunks
+// a thread holds (0: none, two passes over the row, kQuantManyThreads threads).
+template <class S, int kC>
+__global__ void __launch_bounds__(kC > 0 ? kQuantMaxThreads : kQuantManyThreads)
+    quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
+                      const float* fixed, uint8_t* q, float* scale) {
+  wait_for_predecessor();
+  const int r = blockIdx.x;
+  if (r >= offsets[E]) return;
+  const S* v = quant_src_row(src, ld, row_entry, k, r);
+  const int nt = kC > 0 ? int(blockDim.x) : kQuantManyThreads, tid = threadIdx.x;
+  const bool held = kC > 0 && n <= nt * 8 * kC;  // else two passes over the row
+  constexpr int kH = kC > 0 ? kC : 1;
+  float f[kH][8];
+  if constexpr (kC > 0) {
+    if (held) {
+#pragma unroll
+      for (int ch = 0; ch < kH; ++ch) {
+        const int c = (ch * nt + tid) * 8;
+        if (c < n) {
+          load_f32<8>(v + c, f[ch]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f[ch][i] = 0.0f;
+        }
+      }
+    }
+  }
+  float s;
+  if (fixed != nullptr) {
+    s = *fixed;
+  } else {
+    float amax = 0.0f;
+    if (held) {
+#pragma unroll
+      for (int ch = 0; ch < kH; ++ch) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[ch][i]));
+      }
+    } else {
+      for (int c = tid * 8; c < n; c += nt * 8) {
+        float g[8];
+        load_f32<8>(v + c, g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
+      }
+    }
+    __shared__ float red[kQuantMaxThreads / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((tid & 31) == 0) red[tid >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
+    s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+  }
+  uint8_t* qr = q + int64_t(r) * n;
+  auto put = [&](int c, float (&g)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = __fdiv_rn(g[i], s);
+    *reinterpret_cast<uint2*>(qr + c) = make_uint2(encode4_e4m3fn(g), encode4_e4m3fn(g + 4));
+  };
+  if (held) {
+#pragma unroll
+    for (int ch = 0; ch < kH; ++ch) {
+      const int c = (ch * nt + tid) * 8;
+      if (c < n) put(c, f[ch]);
+    }
+  } else {
+    for (int c = tid * 8; c < n; c += nt * 8) {
+      float g[8];
+      load_f32<8>(v + c, g);
+      put(c, g);
+    }
+  }
+  if (tid == 0) scale[r] = s;
+}
+
+// Per (row, 128-value group): n / 128 scales scale[r, g]. Warp w takes groups w, w + W, ... (W warps),
+// each lane 4 consecutive values of a group, kG groups loaded at a time (1: kQuantManyThreads threads).
+// n % 128 == 0.
+template <class S, int kG>
+__global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
+    quant_groups_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
+                        int n, uint8_t* q, float* scale) {
+  wait_for_predecessor();
+  const int r = blockIdx.x;
+  if (r >= offsets[E]) return;
+  const S* v = quant_src_row(src, ld, row_entry, k, r);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (kG > 1 ? int(blockDim.x) : kQuantManyThreads) >> 5;
+  const int G = n / kQuantGroup;
+  for (int g0 = warp; g0 < G; g0 += nw * kG) {
+    float f[kG][4];
+#pragma unroll
+    for (int ch = 0; ch < kG; ++ch) {
+      const int g = g0 + ch * nw;
+      if (g < G) load_f32<4>(v + g * kQuantGroup + lane * 4, f[ch]);
+    }
+#pragma unroll
+    for (int ch = 0; ch < kG; ++ch) {
+      const int g = g0 + ch * nw;
+      if (g >= G) break;  // warp-uniform
+      float amax = fmaxf(fmaxf(fabsf(f[ch][0]), fabsf(f[ch][1])), fmaxf(fabsf(f[ch][2]), fabsf(f[ch][3])));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[ch][i] = __fdiv_rn(f[ch][i], s);
+      *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kQuantGroup + lane * 4) = encode4_e4m3fn(f[ch]);
+      if (lane == 0) scale[int64_t(r) * G + g] = s;
+    }
+  }
+}
+
+// Launchers: one block per possible row (rows = T * k; the blocks past offsets[E] return), PDL; the
+// launch shape at the top.
+inline unsigned quant_warps_threads(int64_t t) {
+  return unsigned(std::clamp<int64_t>((t + 31) / 32 * 32, 32, kQuantMaxThreads));
+}
+template <class S>
+Status launch_quant_rows(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
+                         int n, const float* fixed, uint8_t* q, float* scale, int64_t rows, cudaStream_t s,
+                         const char* what) {
+  if (rows <= kQuantFewRows && n / 8 > kQuantManyThreads) {
+    return launch_pdl(quant_rows_kernel<S, 2>, dim3(unsigned(rows)), dim3(quant_warps_threads(n / 8)), 0, s, what,
+                      src, ld, row_entry, k, offsets, E, n, fixed, q, scale);
+  }
+  return launch_pdl(quant_rows_kernel<S, 0>, dim3(unsigned(rows)), dim3(kQuantManyThreads), 0, s, what, src, ld,
+                    row_entry, k, offsets, E, n, fixed, q, scale);
+}
+template <class S>
+Status launch_quant_groups(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
+                           int n, uint8_t* q, float* scale, int64_t rows, cudaStream_t s, const char* what) {
+  if (rows <= kQuantFewRows && n / kQuantGroup > kQuantManyThreads / 32) {
+    return launch_pdl(quant_groups_kernel<S, 4>, dim3(unsigned(rows)), dim3(quant_warps_threads(n / kQuantGroup * 32)),
+                      0, s, what, src, ld, row_entry, k, offsets, E, n, q, scale);
+  }
+  return launch_pdl(quant_groups_kernel<S, 1>, dim3(unsigned(rows)), dim3(kQuantManyThreads), 0, s, what, src, ld,
+                    row_entry, k, offsets, E, n, q, scale);
+}
+
+}  // namespace
+}  // namespace moekit::cuda::grouped
