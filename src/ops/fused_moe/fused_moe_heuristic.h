@@ -96,6 +96,10 @@ inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E
 // 32 rows, Mixtral T=128: 386 vs 413, DeepSeek-V3 T=1024: 2981 vs 3402, Qwen3 T=512: 226 vs 254;
 // 64 rows, Mixtral T=256: 472 vs 434, DeepSeek-V3 T=2048: 4424 vs 3688, Qwen3 T=1024: 300 vs 307;
 // 128 rows, Mixtral T=512: 687 vs 559. So 48, between the last win and the first clear loss.
+// Since 55029a2 the 64 x 256 per-row tiles promote every K slice into f32 and the 128 x 256 ones do
+// not (the tensor cores' e4m3 accumulation; docs/tolerances.md, kernel_tc_vs_ref). Promoted tiles
+// everywhere would cost 11-40% above the limit (seventh section: Mixtral T=4096 4251 vs 3040 us,
+// Qwen3 T=4096 775 vs 679), so the limit stays.
 constexpr double kGroupedFp8Bm64MaxRows = 2.0;
 constexpr double kGroupedFp8Tma64MaxRows = 48.0;
 constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma64 = false) {
