@@ -5,7 +5,8 @@
 // of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
 // (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
-// Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA).
+// Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA), N256*
+// fused_moe_sm90_grouped_fp8_block_n256 (128 x 256 tiles, two 128-column halves per warpgroup).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -29,6 +30,7 @@ constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
 constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
 constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
 constexpr const char* kTma64 = "fused_moe_sm90_grouped_fp8_block_tma64";
+constexpr const char* kN256 = "fused_moe_sm90_grouped_fp8_block_n256";
 
 #define SKIP_WITHOUT_KERNEL()                                            \
   do {                                                                   \
@@ -186,6 +188,44 @@ TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
   moe_test::expect_fp8_cuda_matches_ref(three, kTma64, kTma64);
   // supports() on device tensors: whole 256-column N tiles only.
   const Kernel* k = registry().find(kTma64);
+  ASSERT_NE(k, nullptr);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
+}
+
+// 128 x 256 tiles: rows around the warpgroup cut and the tile (several M tiles per expert), both
+// halves' scale blocks (gemm1 g1u1: gate and up in different blocks; g1u0 and gemm2: one block per
+// half), g1u0 with gelu and an expert map, the router weight on the input, zero / large rows, long K
+// (H 4096: 32 slices), the Qwen3 and Mixtral presets at T = 48, and supports() on device tensors.
+TEST(FusedMoeSm90GroupedFp8Block, N256Tiles) {
+  SKIP_WITHOUT_KERNEL();
+  MoeProblem many = make(small_shape(Scheme::fp8_block, 400, 6, 2, 256, 384));
+  moe_test::expect_fp8_cuda_matches_ref(many, kN256, kN256);
+  MoeProblem widths = make(small_shape(Scheme::fp8_block, 600, 6, 1, 512, 256));
+  moe_test::assign_expert_rows(&widths, {1, 63, 64, 65, 128, 279});
+  moe_test::expect_fp8_cuda_matches_ref(widths, kN256, kN256);
+  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 512, 256);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  moe_test::expect_fp8_cuda_matches_ref(tkw1, kN256, kN256);
+  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 512);
+  moe_test::expect_fp8_cuda_matches_ref(g1u0, kN256, kN256);
+  MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
+  moe_test::set_zero_and_large_rows(&zl);
+  moe_test::expect_fp8_cuda_matches_ref(zl, kN256, kN256);
+  MoeProblem longk = make(small_shape(Scheme::fp8_block, 200, 8, 2, 4096, 256));
+  moe_test::expect_fp8_cuda_matches_ref(longk, kN256, kN256);
+  // (The small DeepSeek-V3 preset, H 896, is refused by design, as for the 64 x 256 tiles.)
+  auto may_skip = [](const std::string& name, const std::string& detail) {
+    return moe_test::block_kernel_may_skip(name, detail) || detail.find("H % 256 == 0") != std::string::npos;
+  };
+  for (const char* model : {"qwen3-moe", "mixtral"}) {
+    SCOPED_TRACE(model);
+    const std::vector<CaseResult> results =
+        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model));
+    moe_test::expect_fp8_kernels_ran(results, kN256, kN256, may_skip);
+  }
+  const Kernel* k = registry().find(kN256);
   ASSERT_NE(k, nullptr);
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256

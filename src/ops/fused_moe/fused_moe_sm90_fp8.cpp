@@ -5,8 +5,8 @@
 // wherever H % 256 == 0, its tiles by fused_moe_sm90_grouped_fp8_tile_m).
 // fused_moe_sm90_fp8_block: for the 128 x 128 block variant, fused_moe_sm90_small_m_fp8_block or
 // fused_moe_sm90_grouped_fp8_block by choose_moe_strategy_fp8_tma64 (the grouped GEMM wherever
-// H % 256 == 0), its tiles (64 x 256 QGMMA, 64-row mma.sync or 128 x 128 QGMMA) by
-// fused_moe_sm90_grouped_fp8_block_tile_m.
+// H % 256 == 0), its tiles (64 x 256 QGMMA, 64-row mma.sync, or 128 x 256 QGMMA where H % 256 == 0,
+// else 128 x 128) by fused_moe_sm90_grouped_fp8_block_tile_m.
 // Test: tests/test_fused_moe_sm90_grouped_fp8.cpp, check_fused_moe (kernels).
 #include "cuda/cuda_kernels.h"
 #include "ops/fused_moe/fused_moe_sm90_auto.h"

@@ -303,10 +303,10 @@ Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkA
 
 // The TMA gemms (kBM-row tiles, fused_moe_sm90_grouped_fp8_block_tma.cuh) and the quantization of a
 // between them: persistent TMA + wgmma kernels (one CTA per SM at most).
-template <int kBM>
+template <int kBM, int kN = kFp8RingN<kBM>>
 Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
-  using C = Fp8Ring<kBM>;
+  using C = Fp8Ring<kBM, kN>;
   const MoeDims d = moe_dims(p);
   Fp8GemmMaps m;
   MOEKIT_RETURN_IF_ERROR(
@@ -317,12 +317,12 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
 
   const int n_tiles1 = int(d.I / (d.g1u1 ? C::kNCols / 2 : C::kNCols)), n_tiles2 = int(d.H / C::kNCols);
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM>;
+    return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM, kN>;
   });
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1, n_tiles1));
   MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
-  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
+  return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
                               C::kSmemBytes, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
 
@@ -364,8 +364,8 @@ inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
 
 // The gemms' tiles: 128 x 128 TMA + QGMMA, 64-row mma.sync, or 64 x 256 TMA + QGMMA; the routing
 // cuts M tiles of blk_tile_rows rows for them.
-enum class BlkTiles { tma128, mma64, tma64 };
-constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 ? 128 : kMmaBM; }
+enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
+constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
 
 // force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
 template <class TT>
@@ -395,6 +395,7 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
              int(l.tk), false, l.splits, l.tk * d.H};
   const auto gemms = [&]() -> Status {
     if (tiles == BlkTiles::tma128) return run_blk_tma<128>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma128n256) return run_blk_tma<128, 256>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
@@ -473,8 +474,19 @@ Status supports_tma64(const FusedMoeParams& p) {
 size_t workspace_tma64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma64); }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma64); }
 
+// 128 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_n256): whole N tiles only (the
+// same sizes as the 64 x 256 ones).
+Status supports_n256(const FusedMoeParams& p) { return supports_tma64(p); }
+size_t workspace_n256(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma128n256); }
+Status run_n256(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma128n256); }
+
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
-// else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 128.
+// else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 256 where they take
+// the shape (the sizes of the 64 x 256 ones), else 128 x 128.
+// NOTE: 128 x 256 against 128 x 128 on the H200 (2026-12-01, docs/PERF.md, seventh section): Mixtral
+// T=1024 / 2048 / 4096 933 / 1644 / 3479 vs 969 / 1932 / 3689 us, Qwen3 T=4096 701 vs 719,
+// DeepSeek-V3 T=4096 5700 vs 5944; at 128 rows per expert the 64 x 256 tiles stay ahead (Mixtral
+// T=512: 558 vs 598 with 128 x 256, Qwen3 T=2048: 418 vs 428).
 BlkTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const bool t64 = supports_tma64(p).ok();
@@ -482,7 +494,7 @@ BlkTiles tiled(const FusedMoeParams& p) {
     if (t64) return BlkTiles::tma64;
     if (bm64_fits(p)) return BlkTiles::mma64;
   }
-  return BlkTiles::tma128;
+  return supports_n256(p).ok() ? BlkTiles::tma128n256 : BlkTiles::tma128;
 }
 
 }  // namespace
@@ -520,6 +532,16 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          "m64n128k32 (TMA ring, two consumer warpgroups) with per-block promotion into f32; H % 256 == 0",
          75, erase_supports<FusedMoeParams, supports_tma64>,
          erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
+  // Priority 65 (fused_moe_sm90_fp8_block picks it above kGroupedFp8BlockTma64MaxRows rows per expert
+  // where H % 256 == 0): 128 x 256 tiles, each consumer warpgroup's 256 columns in two halves one after
+  // the other (fp8_ring_consume_halves): 48 KiB of stage per slice for twice the MMA work of the
+  // 128 x 128 tiles' 32 KiB.
+  r.add({"fused_moe_sm90_grouped_fp8_block_n256", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
+         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 128 x 256 tiles on QGMMA "
+         "m64n128k32 (TMA ring, two consumer warpgroups, two 128-column halves each) with per-block promotion "
+         "into f32; H % 256 == 0",
+         65, erase_supports<FusedMoeParams, supports_n256>,
+         erase_workspace<FusedMoeParams, workspace_n256>, erase_run<FusedMoeParams, run_n256>});
   // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
   // against ..._bm64 (whose stage rule, blk_mma_stages, it measures).
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,

@@ -1,8 +1,8 @@
 // The TMA + wgmma gemms of fused_moe_sm90_grouped_fp8_block (steps 3 and 5 of its .cu's header):
-// the fp8 ring of fused_moe_sm90_grouped_fp8_ring.cuh (Fp8Ring<kBM>: 128 x 128 tiles, or 64 x 256
-// for fused_moe_sm90_grouped_fp8_block_tma64) with a block-scaled consumer (wgmma m64n128k32 partial
-// sums per 128-wide K slice, promoted into f32 accumulators times the slice's activation and weight
-// scales).
+// the fp8 ring of fused_moe_sm90_grouped_fp8_ring.cuh (Fp8Ring<kBM, kN>: 128 x 128 tiles, 64 x 256
+// for fused_moe_sm90_grouped_fp8_block_tma64, 128 x 256 for fused_moe_sm90_grouped_fp8_block_n256)
+// with a block-scaled consumer (wgmma m64n128k32 partial sums per 128-wide K slice, promoted into f32
+// accumulators times the slice's activation and weight scales).
 // Included by fused_moe_sm90_grouped_fp8_block.cu inside its anonymous namespace (uses its kBlk and
 // BlkArgs).
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp (suite FusedMoeSm90GroupedFp8Block).
@@ -10,12 +10,15 @@
 
 // Scales a consumer thread applies per K slice kt: its two rows' activation scales (nullptr: a
 // padding row past the rows, treated as 0) and the weight scales of its warpgroup's low (columns
-// 0..63) and high (64..127) halves; each row of KT values.
+// 0..63) and high (64..127) quarters of each 128-column half (lo1 / hi1: the second half of a
+// 128 x 256 tile); each row of KT values.
 struct BlkScales {
   const float* row0;
   const float* row1;
   const float* lo;
   const float* hi;
+  const float* lo1 = nullptr;
+  const float* hi1 = nullptr;
 };
 
 // Consumer warpgroup wg: acc (its 64 rows and 128 columns of the tile, Fp8Ring) = sum over K slices
@@ -55,60 +58,113 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
   });
 }
 
+// Consumer warpgroup wg of a 128 x 256 tile (Fp8Ring<128, 256>): acc[h] (its 64 rows and the
+// columns 128 h .. 128 h + 127) = sum over K slices of the half's wgmma partial sums times a_scale *
+// w_scale (fp8_ring_consume_halves). The scales of slice kt + 2 are loaded after slice kt's second
+// fold (two groups' cover, as blk_consume_tile).
+template <int kBM, int kN>
+__device__ __forceinline__ void blk_consume_tile_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
+                                                        typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
+                                                        const BlkScales& sc, float (&acc)[2][16][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[h][j][q] = 0.0f;
+  struct Sc {
+    float s0, s1, lo0, hi0, lo1, hi1;
+  };
+  auto scales = [&](int kt) {
+    return Sc{sc.row0 != nullptr ? sc.row0[kt] : 0.0f, sc.row1 != nullptr ? sc.row1[kt] : 0.0f,
+              sc.lo[kt], sc.hi[kt], sc.lo1[kt], sc.hi1[kt]};
+  };
+  Sc cur = scales(0), nxt = scales(KT > 1 ? 1 : 0);
+  fp8_ring_consume_halves<kBM, kN>(sm, ring, wg, KT, [&](const float(&t)[16][4], auto half, int kt) {
+    constexpr int h = decltype(half)::value;
+    const float lo = h == 0 ? cur.lo0 : cur.lo1, hi = h == 0 ? cur.hi0 : cur.hi1;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float c = j < 8 ? lo : hi;
+      const float f0 = cur.s0 * c, f1 = cur.s1 * c;
+      acc[h][j][0] += t[j][0] * f0;
+      acc[h][j][1] += t[j][1] * f0;
+      acc[h][j][2] += t[j][2] * f1;
+      acc[h][j][3] += t[j][3] * f1;
+    }
+    if constexpr (h == 1) {
+      cur = nxt;
+      if (kt + 2 < KT) nxt = scales(kt + 2);
+    }
+  });
+}
+
 // The schedule of fp8_ring_run with the block-scaled consumer, each tile in `splits` K ranges
 // (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B box rows,
-// wblocks(m, n, wg, lo_block, hi_block) -> warpgroup wg's weight scale rows, epi(m, n, sp, wg, acc)
-// with sp the K range.
-template <int kBM, class Boxes, class WBlocks, class Epi>
-__device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM>::Smem& sm, const CUtensorMap* ma,
+// wblocks(m, n, wg, half, lo_block, hi_block) -> warpgroup wg's weight scale rows for the tile's
+// 128-column half (0, and 1 for 128 x 256 tiles), epi(m, n, sp, wg, half, acc) with sp the K range.
+template <int kBM, int kN, class Boxes, class WBlocks, class Epi>
+__device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& sm, const CUtensorMap* ma,
                                         const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N, int splits,
                                         Boxes boxes, WBlocks wblocks, Epi epi) {
-  using C = Fp8Ring<kBM>;
+  using C = Fp8Ring<kBM, kN>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KT = K / kBlk, NB = N / kBlk;
-  fp8_ring_run<kBM>(sm, ma, mb, *p.num_tiles, n_tiles, KT, splits, boxes,
-                    [&](const SplitTile& w, int wg, typename C::Ring& ring) {
-                      int blo, bhi;
-                      wblocks(w.m, w.n, wg, blo, bhi);
-                      const int e = p.tile_expert[w.m], r0 = p.tile_row0[w.m] + C::row_of(warp, lane);
-                      const float* ws = p.w_scale + int64_t(e) * NB * KT + w.kt0;  // the range's slices
-                      BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT + w.kt0 : nullptr,
-                                   r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT + w.kt0 : nullptr,
-                                   ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT};
-                      float acc[16][4];
-                      blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
-                      epi(w.m, w.n, w.sp, wg, acc);
-                    });
+  fp8_ring_run<kBM, kN>(sm, ma, mb, *p.num_tiles, n_tiles, KT, splits, boxes,
+                        [&](const SplitTile& w, int wg, typename C::Ring& ring) {
+                          int blo, bhi;
+                          wblocks(w.m, w.n, wg, 0, blo, bhi);
+                          const int e = p.tile_expert[w.m], r0 = p.tile_row0[w.m] + C::row_of(warp, lane);
+                          const float* ws = p.w_scale + int64_t(e) * NB * KT + w.kt0;  // the range's slices
+                          BlkScales sc{r0 < p.tk ? p.a_scale + int64_t(r0) * KT + w.kt0 : nullptr,
+                                       r0 + 8 < p.tk ? p.a_scale + int64_t(r0 + 8) * KT + w.kt0 : nullptr,
+                                       ws + int64_t(blo) * KT, ws + int64_t(bhi) * KT};
+                          if constexpr (C::kHalves) {
+                            wblocks(w.m, w.n, wg, 1, blo, bhi);
+                            sc.lo1 = ws + int64_t(blo) * KT;
+                            sc.hi1 = ws + int64_t(bhi) * KT;
+                            float acc[2][16][4];
+                            blk_consume_tile_halves<kBM, kN>(sm, ring, wg, w.kn, sc, acc);
+                            epi(w.m, w.n, w.sp, wg, 0, acc[0]);
+                            epi(w.m, w.n, w.sp, wg, 1, acc[1]);
+                          } else {
+                            float acc[16][4];
+                            blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
+                            epi(w.m, w.n, w.sp, wg, 0, acc);
+                          }
+                        });
 }
 
 // gemm1: ma = xq [Tk, H] (boxes of kBM rows), mb = w1 as [E * N1, H] (boxes of 64 rows). The N tile
-// holds nb gate columns from i0 = nb n (g1u1: and the matching up columns): kBM = 128: g1u1 64 + 64,
-// g1u0 128; kBM = 64: g1u1 128 + 128 (warpgroup wg: gate and up columns i0 + 64 wg ..), g1u0 256
-// (warpgroup wg: i0 + 128 wg ..).
-template <bool G1U1, Activation A, int kBM>
+// holds nb gate columns from i0 = nb n (g1u1: and the matching up columns): 128 x 128: g1u1 64 + 64,
+// g1u0 128; 64 x 256: g1u1 128 + 128 (warpgroup wg: gate and up columns i0 + 64 wg ..), g1u0 256
+// (warpgroup wg: i0 + 128 wg ..); 128 x 256: g1u1 128 + 128 (half h: gate and up columns i0 + 64 h ..),
+// g1u0 256 (half h: i0 + 128 h ..).
+template <bool G1U1, Activation A, int kBM, int kN = kFp8RingN<kBM>>
 __global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm1_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
-  using C = Fp8Ring<kBM>;
+  using C = Fp8Ring<kBM, kN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n1 = G1U1 ? 2 * p.I : p.I;
   constexpr int nb = G1U1 ? C::kNCols / 2 : C::kNCols;  // gate columns of a tile
   constexpr int wg_cols = kBM == 128 ? 0 : nb / 2;      // gate columns between the warpgroups
-  blk_run<kBM>(
+  constexpr int half_cols = C::kHalves ? nb / 2 : 0;     // gate columns between the halves
+  blk_run<kBM, kN>(
       sm, &ma, &mb, p, n_tiles, p.H, n1, 1,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         row0 = p.tile_row0[m];
         fp8_gemm1_box_rows<C::kBoxes, G1U1>(p.tile_expert[m], n1, p.I, n * nb, b);
       },
-      [&](int, int n, int wg, int& lo, int& hi) {
-        const int c0 = n * nb + wg * wg_cols;
+      [&](int, int n, int wg, int half, int& lo, int& hi) {
+        const int c0 = n * nb + wg * wg_cols + half * half_cols;
         lo = c0 / kBlk;
         hi = G1U1 ? (p.I + c0) / kBlk : lo;
       },
-      [&](int m, int n, int, int wg, const float (&acc)[16][4]) {
-        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
+      [&](int m, int n, int, int wg, int half, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols + half * half_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -136,26 +192,30 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 }
 
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
-// rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for kBM = 64. In p.splits K ranges, range sp
-// writing its partial at p.out + sp * p.y_split.
-template <int kBM>
+// rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for 64 x 256, half h: h0 + 128 h .. for
+// 128 x 256. In p.splits K ranges, range sp writing its partial at p.out + sp * p.y_split.
+template <int kBM, int kN = kFp8RingN<kBM>>
 __global__ void __launch_bounds__(kFp8RingThreads, 1)
     gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
                      int n_tiles) {
-  using C = Fp8Ring<kBM>;
+  using C = Fp8Ring<kBM, kN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int wg_cols = kBM == 128 ? 0 : kBlk;
-  blk_run<kBM>(
+  constexpr int half_cols = C::kHalves ? kBlk : 0;
+  blk_run<kBM, kN>(
       sm, &ma, &mb, p, n_tiles, p.I, p.H, p.splits,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
         row0 = p.tile_row0[m];
         fp8_gemm2_box_rows(p.tile_expert[m], p.H, n * C::kNCols, b);
       },
-      [&](int, int n, int wg, int& lo, int& hi) { lo = hi = (n * C::kNCols + wg * wg_cols) / kBlk; },
-      [&](int m, int n, int sp, int wg, const float (&acc)[16][4]) {
-        const int e = p.tile_expert[m], row0 = p.tile_row0[m], h0 = n * C::kNCols + wg * wg_cols;
+      [&](int, int n, int wg, int half, int& lo, int& hi) {
+        lo = hi = (n * C::kNCols + wg * wg_cols + half * half_cols) / kBlk;
+      },
+      [&](int m, int n, int sp, int wg, int half, const float (&acc)[16][4]) {
+        const int e = p.tile_expert[m], row0 = p.tile_row0[m];
+        const int h0 = n * C::kNCols + wg * wg_cols + half * half_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

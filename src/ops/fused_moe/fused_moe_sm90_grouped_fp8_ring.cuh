@@ -7,6 +7,10 @@
 //              read the stage's two 64-row B boxes);
 //   kBM = 64:  64 x 256 tiles; both warpgroups take the 64 rows, warpgroup wg the columns of B boxes
 //              2 wg and 2 wg + 1 (of four): a 64-row tile reads half the padding rows of A.
+//   kBM = 128, kN = 256 (Fp8Ring<128, 256>, block-scaled gemms only): 128 x 256 tiles; warpgroup wg
+//              takes rows 64 wg.. and all 256 columns in two halves of 128 (B boxes 0-1, then 2-3),
+//              one after the other into one partial-sum buffer (fp8_ring_consume_halves): a slice
+//              loads 48 KiB for twice the MMA work of a 128 x 128 slice's 32 KiB.
 // Tests: tests/test_fused_moe_sm90_grouped_fp8_block.cpp, tests/test_fused_moe_sm90_grouped_fp8.cpp.
 #pragma once
 
@@ -40,17 +44,21 @@ static_assert(32 * kWsConsumerWarps * kFp8RingConsumerRegs + 128 * kFp8RingProdu
 // producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
 // latency of a TMA load from L2 / DRAM under load.
 template <int kBM>
+constexpr int kFp8RingN = kBM == 128 ? 128 : 256;  // a tile shape's default columns
+template <int kBM, int kN = kFp8RingN<kBM>>
 struct Fp8Ring {
   static_assert(kBM == 128 || kBM == 64, "128- or 64-row tiles");
-  static constexpr int kBoxes = kBM == 128 ? 2 : 4;                  // 64-row B boxes per stage
+  static_assert(kN == kFp8RingN<kBM> || (kBM == 128 && kN == 256), "128 x 128, 64 x 256 or 128 x 256 tiles");
+  static constexpr bool kHalves = kBM == 128 && kN == 256;             // fp8_ring_consume_halves
+  static constexpr int kBoxes = kN / 64;                                // 64-row B boxes per stage
   static constexpr uint32_t kABytes = uint32_t(kBM) * kFp8Slice;          // A: kBM rows of 128 codes
   static constexpr uint32_t kStageBytes = kABytes + kBoxes * kFp8BoxBytes;
-  static constexpr int kStages = kBM == 128 ? 7 : 5;
+  static constexpr int kStages = kBM == 64 ? 5 : (kN == 128 ? 7 : 4);
   using Smem = WsSmemT<kStages, kStageBytes, kABytes>;
   using Ring = WsRingT<kStages>;
   static constexpr int kSmemBytes = ws_smem_bytes<Smem>();
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
-  static constexpr int kNCols = kBM == 128 ? 128 : 256;  // output columns of a tile
+  static constexpr int kNCols = kN;  // output columns of a tile
   // Warpgroup wg's first A row and B byte offset in a stage.
   __device__ __forceinline__ static uint32_t a_off(int wg) { return kBM == 128 ? uint32_t(wg) * 64 * kFp8Slice : 0u; }
   __device__ __forceinline__ static uint32_t b_off(int wg) { return kBM == 128 ? 0u : uint32_t(wg) * 2 * kFp8BoxBytes; }
@@ -139,6 +147,43 @@ __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring
   }
 }
 
+// Consumer warpgroup wg of an Fp8Ring<128, 256> tile (its 64 rows, A rows a_off(wg), and the 256
+// columns): per K slice, the wgmma m64n128k32 partial sums of columns 0..127 (B boxes 0-1), then of
+// 128..255 (boxes 2-3), each in the one buffer and handed to fold(cur, half, kt) (half:
+// std::integral_constant 0 or 1) once its group retired; the stage goes back to the producer after
+// the second. A warpgroup's folds leave the tensor cores to the other warpgroup's group: one buffer
+// (64) and the caller's two halves of f32 sums (128) fit the consumers' 232 registers, where two
+// buffers would not.
+template <int kBM, int kN, class Fold>
+__device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
+                                                        typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
+                                                        Fold fold) {
+  static_assert(Fp8Ring<kBM, kN>::kHalves, "128 x 256 tiles");
+  const bool leader = (threadIdx.x & 31) == 0;
+  const uint32_t a_off = Fp8Ring<kBM, kN>::a_off(wg);
+  float t[16][4];  // not initialised: each group's first wgmma ignores it (scale-d 0)
+  auto group = [&](uint64_t da, uint64_t db) {
+    fence_regs(t);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(t);
+  };
+  for (int kt = 0; kt < KT; ++kt) {
+    const int st = ring.s;
+    mbar_wait(sm.full(st), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
+    group(da, wgmma_desc_sw128(sm.b(st)));
+    fold(t, std::integral_constant<int, 0>{}, kt);
+    group(da, wgmma_desc_sw128(sm.b(st) + 2 * kFp8BoxBytes));
+    if (leader) mbar_arrive(sm.empty(st));
+    ring.next();
+    fold(t, std::integral_constant<int, 1>{}, kt);
+  }
+}
+
 // Work item t of a persistent schedule over num_m x n_tiles tiles, each in `splits` K ranges of
 // the KT slices (range sp: slices kt0 .. kt0 + kn - 1, balanced to within one slice); the ranges
 // of a tile are num_m x n_tiles items apart, so they run on different CTAs.
@@ -157,11 +202,12 @@ __device__ __forceinline__ SplitTile split_tile(int t, int num_m, int n_tiles, i
 
 // Producer (one thread): K slices kt0 .. kt0 + KT - 1 of A rows [row0, row0 + kBM) and of the
 // 64-row B boxes at rows b_rows[0 .. kBoxes), for one tile (or one K range of it).
-template <int kBM>
-__device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM>::Smem& sm, typename Fp8Ring<kBM>::Ring& ring,
-                                                 const CUtensorMap* ma, const CUtensorMap* mb, int row0,
-                                                 const int (&b_rows)[Fp8Ring<kBM>::kBoxes], int KT, int kt0 = 0) {
-  using C = Fp8Ring<kBM>;
+template <int kBM, int kN = kFp8RingN<kBM>>
+__device__ __forceinline__ void fp8_ring_produce(const typename Fp8Ring<kBM, kN>::Smem& sm,
+                                                 typename Fp8Ring<kBM, kN>::Ring& ring, const CUtensorMap* ma,
+                                                 const CUtensorMap* mb, int row0,
+                                                 const int (&b_rows)[Fp8Ring<kBM, kN>::kBoxes], int KT, int kt0 = 0) {
+  using C = Fp8Ring<kBM, kN>;
   for (int kt = kt0; kt < kt0 + KT; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
     const uint32_t full = sm.full(ring.s);
@@ -193,21 +239,22 @@ __device__ __forceinline__ void fp8_gemm2_box_rows(int e, int H, int h0, int (&b
 // box rows for the producer; tile(w, wg, ring) consumes work item w as consumer warpgroup wg.
 // setmaxnreg moves registers from the producer warpgroup to the consumers (their two partial-sum
 // buffers, fp8_ring_consume_promoted). The producer returns early; no CTA-wide barrier may follow.
-template <int kBM, class Boxes, class Tile>
-__device__ __forceinline__ void fp8_ring_run(const typename Fp8Ring<kBM>::Smem& sm, const CUtensorMap* ma,
+template <int kBM, int kN = kFp8RingN<kBM>, class Boxes, class Tile>
+__device__ __forceinline__ void fp8_ring_run(const typename Fp8Ring<kBM, kN>::Smem& sm, const CUtensorMap* ma,
                                              const CUtensorMap* mb, int num_m, int n_tiles, int KT, int splits,
                                              Boxes boxes, Tile tile) {
+  using C = Fp8Ring<kBM, kN>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int total = num_m * n_tiles * splits;
-  typename Fp8Ring<kBM>::Ring ring;
+  typename C::Ring ring;
   if (warp >= kWsConsumerWarps) {  // the producer warpgroup: one lane of its first warp
     setmaxnreg_dec<kFp8RingProducerRegs>();
     if (warp != kWsConsumerWarps || lane != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
-      int row0, b_rows[Fp8Ring<kBM>::kBoxes];
+      int row0, b_rows[C::kBoxes];
       boxes(w.m, w.n, row0, b_rows);
-      fp8_ring_produce<kBM>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
+      fp8_ring_produce<kBM, kN>(sm, ring, ma, mb, row0, b_rows, w.kn, w.kt0);
     }
     return;
   }
