@@ -167,30 +167,36 @@ TEST(FusedMoeSm90GroupedFp8Block, Tma64RowCounts) {
   moe_test::expect_fp8_cuda_matches_ref(widths, kTma64, kTma64);
 }
 
-TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
-  SKIP_WITHOUT_KERNEL();
+// The problems both 256-column tile shapes run: several M tiles per expert, the router weight on the
+// input, g1u0 with gelu and an expert map, zero / large rows; then supports() on device tensors (whole
+// 256-column N tiles only).
+void expect_256_column_edges_match(const char* k) {
   MoeProblem many = make(small_shape(Scheme::fp8_block, 400, 6, 2, 256, 384));
-  moe_test::expect_fp8_cuda_matches_ref(many, kTma64, kTma64);
+  moe_test::expect_fp8_cuda_matches_ref(many, k, k);
   MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 512, 256);
   on_input.weight_on_input = true;
   MoeProblem tkw1 = make(on_input);
-  moe_test::expect_fp8_cuda_matches_ref(tkw1, kTma64, kTma64);
+  moe_test::expect_fp8_cuda_matches_ref(tkw1, k, k);
   MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 512);
-  moe_test::expect_fp8_cuda_matches_ref(g1u0, kTma64, kTma64);
+  moe_test::expect_fp8_cuda_matches_ref(g1u0, k, k);
   MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
   moe_test::set_zero_and_large_rows(&zl);
-  moe_test::expect_fp8_cuda_matches_ref(zl, kTma64, kTma64);
+  moe_test::expect_fp8_cuda_matches_ref(zl, k, k);
+  const Kernel* kernel = registry().find(k);
+  ASSERT_NE(kernel, nullptr);
+  moe_test::expect_device_supports(*kernel, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(*kernel, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
+}
+
+TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
+  SKIP_WITHOUT_KERNEL();
+  expect_256_column_edges_match(kTma64);
   // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): I = 4096 (4 ranges of 8 slices, each with
   // its slices' scales) and 3328 (3 ranges of 8, 9, 9).
   MoeProblem four = make(small_shape(Scheme::fp8_block, 3, 8, 2, 256, 4096));
   moe_test::expect_fp8_cuda_matches_ref(four, kTma64, kTma64);
   MoeProblem three = make(small_shape(Scheme::fp8_block, 5, 6, 2, 512, 3328));
   moe_test::expect_fp8_cuda_matches_ref(three, kTma64, kTma64);
-  // supports() on device tensors: whole 256-column N tiles only.
-  const Kernel* k = registry().find(kTma64);
-  ASSERT_NE(k, nullptr);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
 // 128 x 256 tiles: rows around the warpgroup cut and the tile (several M tiles per expert), both
@@ -199,20 +205,10 @@ TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
 // (H 4096: 32 slices), the Qwen3 and Mixtral presets at T = 48, and supports() on device tensors.
 TEST(FusedMoeSm90GroupedFp8Block, N256Tiles) {
   SKIP_WITHOUT_KERNEL();
-  MoeProblem many = make(small_shape(Scheme::fp8_block, 400, 6, 2, 256, 384));
-  moe_test::expect_fp8_cuda_matches_ref(many, kN256, kN256);
+  expect_256_column_edges_match(kN256);
   MoeProblem widths = make(small_shape(Scheme::fp8_block, 600, 6, 1, 512, 256));
   moe_test::assign_expert_rows(&widths, {1, 63, 64, 65, 128, 279});
   moe_test::expect_fp8_cuda_matches_ref(widths, kN256, kN256);
-  MoeShape on_input = small_shape(Scheme::fp8_block, 40, 8, 1, 512, 256);
-  on_input.weight_on_input = true;
-  MoeProblem tkw1 = make(on_input);
-  moe_test::expect_fp8_cuda_matches_ref(tkw1, kN256, kN256);
-  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 512);
-  moe_test::expect_fp8_cuda_matches_ref(g1u0, kN256, kN256);
-  MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
-  moe_test::set_zero_and_large_rows(&zl);
-  moe_test::expect_fp8_cuda_matches_ref(zl, kN256, kN256);
   MoeProblem longk = make(small_shape(Scheme::fp8_block, 200, 8, 2, 4096, 256));
   moe_test::expect_fp8_cuda_matches_ref(longk, kN256, kN256);
   // (The small DeepSeek-V3 preset, H 896, is refused by design, as for the 64 x 256 tiles.)
@@ -225,10 +221,6 @@ TEST(FusedMoeSm90GroupedFp8Block, N256Tiles) {
         check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model));
     moe_test::expect_fp8_kernels_ran(results, kN256, kN256, may_skip);
   }
-  const Kernel* k = registry().find(kN256);
-  ASSERT_NE(k, nullptr);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
 }  // namespace
