@@ -2,17 +2,21 @@
 # A/B timing of builds on the GPU machine, from the repository root: the staged binaries of
 # scripts/gpu_build.sh in DIRS (default ".gpu .gpu/b"; the first is the base, A, the others B, C, ...),
 # the same `moekit bench` runs for each, alternated ROUNDS times (default 2) so drift of the machine
-# shows. Writes ab.txt and the JSON of every run to $OUT (default out/); prints one line per (model,
+# shows. Writes NAME.txt and NAME_runs.tgz (the JSON and stderr of every run) to $OUT (default out/;
+# two files, so several A/Bs fit in one device call's 8 returned files); prints one line per (model,
 # scheme, kernel, tokens): each side's times of every round and its median over A's.
 #   RUNS="--model deepseek-v3 --scheme fp8_block --tokens 1,8 --kernel fused_moe_sm90_fp8_block;--model mixtral ..."
 #   (runs separated by ';', each the arguments after `moekit bench --op fused_moe --backend cuda --full`)
-#   LIMIT=120 (seconds per bench run)  ITERS=30
+#   LIMIT=120 (seconds per bench run)  ITERS=30  NAME=ab
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
+NAME=${NAME:-ab}
 read -r -a dirs <<< "${DIRS:-.gpu .gpu/b}"
 sides=(A B C D E F)
 mkdir -p "$OUT"
+J=$(mktemp -d /tmp/moekit_gpu_ab.XXXXXX)  # the runs' JSON and stderr
+trap 'tar -C "$J" -czf "$OUT/${NAME}_runs.tgz" .' EXIT
 for d in "${dirs[@]}"; do
   for f in "$d"/*.xz; do [ -e "$f" ] && unxz -f -T0 "$f"; done
   [ -x "$d/moekit" ] || { echo "gpu_ab.sh: no $d/moekit (stage it with scripts/gpu_build.sh)"; exit 2; }
@@ -25,12 +29,12 @@ for ((r = 0; r < ${ROUNDS:-2}; ++r)); do
       side=${sides[$j]} dir=${dirs[$j]}
       # shellcheck disable=SC2086
       timeout "${LIMIT:-120}" "$dir/moekit" bench --op fused_moe --backend cuda --full --iters "${ITERS:-30}" \
-        ${runs[$i]} --json > "$OUT/ab_${side}_${i}_$r.json" 2> "$OUT/ab_${side}_${i}_$r.err"
+        ${runs[$i]} --json > "$J/ab_${side}_${i}_$r.json" 2> "$J/ab_${side}_${i}_$r.err"
       echo "run $i round $r $side rc=$?"
     done
   done
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/ab.txt"
+python3 - "$J" <<'PY' | tee "$OUT/$NAME.txt"
 import glob, json, os, re, statistics, sys
 out = sys.argv[1]
 times = {}
