@@ -460,22 +460,22 @@ Status supports_bm64(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-// 64 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_tma64): whole N tiles only.
+// The 256-column TMA + wgmma tiles (64 x 256: fused_moe_sm90_grouped_fp8_block_tma64, 128 x 256:
+// ..._n256): whole N tiles only.
 Status supports_tma64(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
   const MoeDims d = moe_dims(p);
   const int64_t n1 = d.g1u1 ? 128 : 256;
   if (d.H % 256 != 0 || d.I % n1 != 0) {
-    return Unsupported("H, I: the 64 x 256 tiles need H % 256 == 0 and I % ", n1, " == 0, got H = ", d.H,
-                       ", I = ", d.I);
+    return Unsupported("H, I: the 256-column tiles (64 x 256, 128 x 256) need H % 256 == 0 and I % ", n1,
+                       " == 0, got H = ", d.H, ", I = ", d.I);
   }
   return Status::Ok();
 }
 size_t workspace_tma64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma64); }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma64); }
 
-// 128 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_n256): whole N tiles only (the
-// same sizes as the 64 x 256 ones).
+// 128 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_n256): the sizes of the 64 x 256 ones.
 Status supports_n256(const FusedMoeParams& p) { return supports_tma64(p); }
 size_t workspace_n256(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma128n256); }
 Status run_n256(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma128n256); }
