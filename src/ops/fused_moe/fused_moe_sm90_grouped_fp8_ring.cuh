@@ -154,6 +154,12 @@ __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring
 // the second. A warpgroup's folds leave the tensor cores to the other warpgroup's group: one buffer
 // (64) and the caller's two halves of f32 sums (128) fit the consumers' 232 registers, where two
 // buffers would not.
+// NOTE: ncu (Mixtral T=4096): tensor pipe 63-72% active with shared memory (24% of bank reads), L2
+// and DRAM far from their limits: the gaps are each warpgroup's drain and fold. Measured slower on
+// the H200 (docs/PERF.md, eighth session): four m64n64k32 quarter groups into two 32-register
+// buffers, so a group runs during the previous one's fold (+9..14%); issuing the two warpgroups'
+// groups in turn through named barriers (+3..7%, or +11..17% when the turn passes after the group
+// retired); the tiles in two-CTA clusters with the B boxes multicast (-1..+3%, branch gpu-pending8).
 template <int kBM, int kN, class Fold>
 __device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
                                                         typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
