@@ -1,7 +1,8 @@
 // Shared by the grouped fused_moe kernels (fused_moe_sm90_grouped.cu: bf16 / f16;
 // fused_moe_sm90_grouped_fp8.cu: fp8 W8A8): the routing kernel that lays out expert-contiguous rows
-// and the M tile list, the activations (f32, as the reference), and the per-token reduction over k
-// (fixed slot order, optional two K-range partials). Internal linkage: each .cu gets its own copy.
+// and the M tile list, the activations (f32, the reference's formulas; silu on the hardware exp2),
+// and the per-token reduction over k (fixed slot order, optional two K-range partials). Internal
+// linkage: each .cu gets its own copy.
 // SPEC 3.1-3.5. Tests: tests/test_fused_moe_sm90_grouped.cpp, tests/test_fused_moe_sm90_grouped_fp8.cpp.
 #pragma once
 
@@ -27,7 +28,7 @@ constexpr int kMaxE = kRouteThreads;
 constexpr int kMaxK = 32;
 constexpr int kReduceThreads = 256;
 
-// ---------------------------------------------------------------- activations (f32, as the reference)
+// ---------------------------------------------------------------- activations (f32)
 template <Activation A>
 __device__ __forceinline__ float act(float z) {
   if constexpr (A == Activation::silu) {
