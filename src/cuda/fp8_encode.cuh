@@ -47,4 +47,10 @@ __device__ __forceinline__ uint32_t encode4_e4m3fn(const float* q) {
   return w;
 }
 
+// Two e4m3fn codes (lo in the low byte), as encode4_e4m3fn does each of them.
+__device__ __forceinline__ uint16_t encode2_e4m3fn(float lo, float hi) {
+  if (fp8_fast_ok(lo) && fp8_fast_ok(hi)) return uint16_t(cvt_e4m3x2(lo, hi));
+  return uint16_t(uint32_t(f32_to_e4m3fn_bits(lo)) | (uint32_t(f32_to_e4m3fn_bits(hi)) << 8));
+}
+
 }  // namespace moekit::cuda

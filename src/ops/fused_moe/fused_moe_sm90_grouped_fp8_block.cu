@@ -13,13 +13,16 @@
 //                 (the reference's block_row_dot order). 384 threads: two consumer warpgroups with
 //                 232 registers each (setmaxnreg) and a producer warpgroup. N tile: 64 gate + 64 up
 //                 columns (g1u1) or 128 (g1u0); a = act(w g) * (w u) in f32 -> workspace.
-//   4. quant a    a re-quantized per (row, 128-group).
+//   4. quant a    a re-quantized per (row, 128-group) (in gemm1's epilogue on 128 x 256 tiles).
 //   5. gemm2      the same mainloop on a (N tile: 128 columns of H); y in f32.
 //   6. reduce     out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // The TMA gemms (3 and 5) are in fused_moe_sm90_grouped_fp8_block_tma.cuh.
 // fused_moe_sm90_grouped_fp8_block_tma64 routes into 64-row M tiles and runs the same gemms on 64 x
 // 256 tiles (both consumer warpgroups on the 64 rows, 128 columns each; H % 256 == 0): for experts
 // with up to 128 rows, where a 128-row tile is mostly padding.
+// fused_moe_sm90_grouped_fp8_block_n256 runs them on 128 x 256 tiles (each consumer warpgroup's 256
+// columns as two 128-column halves; H % 256 == 0); its gemm1 quantizes a itself (step 4 fused: a
+// tile holds whole 128-groups of a; blk_quant_a_epilogue), so a never goes to memory in f32.
 // fused_moe_sm90_grouped_fp8_block_bm64 routes into 64-row M tiles and runs gemm1 / gemm2 on the
 // cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels (emulated on sm_90: two
 // HMMA per MMA), promoting per K slice through the mainloop's slice hook (BlkPromote) from scales
@@ -47,6 +50,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/fp8_encode.cuh"
+#include "cuda/fp8_quotient.h"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -95,6 +99,8 @@ struct BlkArgs {
   bool weight_on_input;
   int splits = 1;           // gemm2 of the 64 x 256 TMA tiles: K ranges (fused_moe_sm90_tma64_gemm2_splits)
   int64_t y_split = 0;      // elements between the K ranges' partials
+  uint8_t* aq = nullptr;    // gemm1 of the 128 x 256 tiles: a's codes [Tk, I] and group scales
+  float* sa = nullptr;      //   [Tk, I / 128], quantized in its epilogue (blk_quant_a_epilogue)
 };
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block_tma.cuh"
@@ -319,9 +325,17 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM, kN>;
   });
+  // The 128 x 256 tiles' gemm1 writes a's codes and scales itself (a tile holds whole 128-groups).
+  BlkArgs g1t = g1;
+  if constexpr (C::kHalves) {
+    g1t.aq = base + l.aq;
+    g1t.sa = reinterpret_cast<float*>(base + l.sa);
+  }
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
-                                              "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1, n_tiles1));
-  MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
+                                              "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1t, n_tiles1));
+  if constexpr (!C::kHalves) {
+    MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
+  }
   return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
                               C::kSmemBytes, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }

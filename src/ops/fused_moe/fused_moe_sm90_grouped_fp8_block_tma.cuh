@@ -102,7 +102,8 @@ __device__ __forceinline__ void blk_consume_tile_halves(const typename Fp8Ring<k
 // The schedule of fp8_ring_run with the block-scaled consumer, each tile in `splits` K ranges
 // (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B box rows,
 // wblocks(m, n, wg, half, lo_block, hi_block) -> warpgroup wg's weight scale rows for the tile's
-// 128-column half (0, and 1 for 128 x 256 tiles), epi(m, n, sp, wg, half, acc) with sp the K range.
+// 128-column half (0, and 1 for 128 x 256 tiles), epi(m, n, sp, wg, 0, acc) with sp the K range and
+// acc float[16][4], or float[2][16][4] (both halves) for 128 x 256 tiles.
 template <int kBM, int kN, class Boxes, class WBlocks, class Epi>
 __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& sm, const CUtensorMap* ma,
                                         const CUtensorMap* mb, const BlkArgs& p, int n_tiles, int K, int N, int splits,
@@ -125,14 +126,77 @@ __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& s
                             sc.hi1 = ws + int64_t(bhi) * KT;
                             float acc[2][16][4];
                             blk_consume_tile_halves<kBM, kN>(sm, ring, wg, w.kn, sc, acc);
-                            epi(w.m, w.n, w.sp, wg, 0, acc[0]);
-                            epi(w.m, w.n, w.sp, wg, 1, acc[1]);
+                            epi(w.m, w.n, w.sp, wg, 0, acc);  // both halves
                           } else {
                             float acc[16][4];
                             blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
                             epi(w.m, w.n, w.sp, wg, 0, acc);
                           }
                         });
+}
+
+// gemm1's epilogue on 128 x 256 tiles (consumer warpgroup of the tile's rows r0 and r0 + 8 within
+// each 16-row slab; acc: both 128-column halves): a = act(g) * u (g1u1: 128 columns of a, one
+// 128-group) or act(h) (g1u0: 256 columns, a group per half), computed in place, then re-quantized
+// per (row, 128-group) as quant_groups_kernel does from the f32 a (the same amax over the group,
+// s = max(amax, kFp8AmaxFloor) / 448, the codes of a / s through fp8_quotient) into p.aq and p.sa:
+// the f32 a and the quantizer kernel between the gemms are skipped. A row's group lies in the four
+// lanes of one quad (lane & 3); padding rows (past the expert's rows) take part in the shuffles, not
+// the stores.
+template <bool G1U1, Activation A>
+__device__ __forceinline__ void blk_quant_a_epilogue(const BlkArgs& p, int m, int n, int r0, int lane,
+                                                     float (&acc)[2][16][4]) {
+  constexpr int kJ = G1U1 ? 8 : 16;          // a chunks (8 columns) of a half
+  constexpr int kHalfCols = G1U1 ? 64 : 128;  // a columns of a half
+  constexpr int kGroups = G1U1 ? 1 : 2;       // 128-groups of the tile
+  const int e = p.tile_expert[m], row0 = p.tile_row0[m];
+  const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), G = p.I / kBlk;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rl = r0 + 8 * h, row = row0 + rl;
+    const bool real = rl < nrows;
+    const float w = p.weight_on_input && real ? p.weights[p.row_entry[row]] : 1.0f;
+    float amax[kGroups];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) amax[gi] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kJ; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& v = acc[half][j][2 * h + c];
+          if constexpr (G1U1) {
+            v = act<A>(v * w) * (acc[half][j + 8][2 * h + c] * w);
+          } else {
+            v = act<A>(v * w);
+          }
+          amax[G1U1 ? 0 : half] = fmaxf(amax[G1U1 ? 0 : half], fabsf(v));
+        }
+    float sc[kGroups], rinv[kGroups];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      amax[gi] = fmaxf(amax[gi], __shfl_xor_sync(0xffffffffu, amax[gi], 1));
+      amax[gi] = fmaxf(amax[gi], __shfl_xor_sync(0xffffffffu, amax[gi], 2));
+      sc[gi] = fmaxf(amax[gi], kFp8AmaxFloor) / kFp8E4m3fnMax;
+      rinv[gi] = __frcp_rn(sc[gi]);
+    }
+    if (!real) continue;
+    uint8_t* qrow = p.aq + int64_t(row) * p.I + int64_t(n) * kGroups * kBlk + c0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float s = sc[G1U1 ? 0 : half], ri = rinv[G1U1 ? 0 : half];
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        *reinterpret_cast<uint16_t*>(qrow + half * kHalfCols + 8 * j) =
+            encode2_e4m3fn(fp8_quotient(acc[half][j][2 * h], s, ri), fp8_quotient(acc[half][j][2 * h + 1], s, ri));
+      }
+    }
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) p.sa[int64_t(row) * G + n * kGroups + gi] = sc[gi];
+    }
+  }
 }
 
 // gemm1: ma = xq [Tk, H] (boxes of kBM rows), mb = w1 as [E * N1, H] (boxes of 64 rows). The N tile
@@ -163,7 +227,10 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
         lo = c0 / kBlk;
         hi = G1U1 ? (p.I + c0) / kBlk : lo;
       },
-      [&](int m, int n, int, int wg, int half, const float (&acc)[16][4]) {
+      [&](int m, int n, int, int wg, int half, auto& acc) {
+        if constexpr (C::kHalves) {
+          blk_quant_a_epilogue<G1U1, A>(p, m, n, C::row_of(warp, lane), lane, acc);
+        } else {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols + half * half_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
@@ -187,6 +254,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
                   make_float2(act<A>(acc[j][2 * h] * w), act<A>(acc[j][2 * h + 1] * w));
             }
           }
+        }
         }
       });
 }
@@ -213,19 +281,27 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       [&](int, int n, int wg, int half, int& lo, int& hi) {
         lo = hi = (n * C::kNCols + wg * wg_cols + half * half_cols) / kBlk;
       },
-      [&](int m, int n, int sp, int wg, int half, const float (&acc)[16][4]) {
+      [&](int m, int n, int sp, int wg, int, auto& acc_all) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m];
-        const int h0 = n * C::kNCols + wg * wg_cols + half * half_cols;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+        auto store = [&](int half, const float (&acc)[16][4]) {
+          const int h0 = n * C::kNCols + wg * wg_cols + half * half_cols;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rl = C::row_of(warp, lane) + 8 * h;
-          if (rl >= nrows) continue;
-          float* yrow = p.out + sp * p.y_split + int64_t(row0 + rl) * p.H + h0 + c0;
+          for (int h = 0; h < 2; ++h) {
+            const int rl = C::row_of(warp, lane) + 8 * h;
+            if (rl >= nrows) continue;
+            float* yrow = p.out + sp * p.y_split + int64_t(row0 + rl) * p.H + h0 + c0;
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+            for (int j = 0; j < 16; ++j) {
+              *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+            }
           }
+        };
+        if constexpr (C::kHalves) {
+          store(0, acc_all[0]);
+          store(1, acc_all[1]);
+        } else {
+          store(0, acc_all);
         }
       });
 }

@@ -1,0 +1,30 @@
+// fp8_quotient: v / s for the fp8 activation quantizers, from a precomputed reciprocal ri = RN(1 / s)
+// (__frcp_rn on the GPU): q0 = v * ri, then one correction by its exact residual r = v - q0 s
+// (Markstein). For s = max(amax, kFp8AmaxFloor) / 448 and |v| <= amax it gives the same e4m3fn code
+// as the IEEE quotient v / s (SPEC 3.2 / 5 divide; docs/tolerances.md says why x * (1 / s) is not
+// enough): the f32 quotient itself except where the residual underflows (|v| < 2^-103, code +-0
+// either way). Host and device; the 128 x 256 block gemm1 epilogue (blk_quant_a_epilogue) divides a
+// group's 32 values a thread holds by one scale with it, where __fdiv_rn cost more than the
+// quantizer kernel the epilogue replaces.
+// Test: tests/test_fp8_quotient.cpp (codes against the IEEE quotient on random and edge pairs).
+#pragma once
+
+#include <cmath>
+
+#include "moekit/core/dtype.h"  // MOEKIT_HD
+
+namespace moekit {
+
+MOEKIT_HD float fp8_quotient(float v, float s, float ri) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(v, ri);
+  const float r = __fmaf_rn(-q0, s, v);
+  return r == 0.0f ? q0 : __fmaf_rn(r, ri, q0);  // r == 0: q0 is exact (and keeps the sign of -0)
+#else
+  const float q0 = v * ri;
+  const float r = std::fma(-q0, s, v);
+  return r == 0.0f ? q0 : std::fma(r, ri, q0);
+#endif
+}
+
+}  // namespace moekit
