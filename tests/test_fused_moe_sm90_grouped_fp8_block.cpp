@@ -66,6 +66,25 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
   }
 }
 
+// The 128 x 256 tiles' gemm1 quantizes a in its epilogue, so their workspace holds no f32 a: Tk x I
+// floats less than the 128 x 128 tiles' (the same routing lists, codes and partials otherwise), and
+// the auto kernel asks for that size where it takes them (512 rows per expert). Host functions only;
+// the auto kernel's choice needs the device (its strategy reads the SM count), so that check runs
+// where the CUDA backend is available.
+TEST(FusedMoeSm90GroupedFp8Block, N256WorkspaceHoldsNoF32A) {
+  for (const char* k : {kBlock, kN256, "fused_moe_sm90_fp8_block"}) {
+    if (registry().find(k) == nullptr) GTEST_SKIP() << k << " is not compiled in (MOEKIT_CUDA off)";
+  }
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 1024, 4, 2, 256, 256));
+  const FusedMoeParams p = prob.params();
+  auto bytes = [&](const char* k) { return registry().find(k)->workspace_bytes(&p); };
+  const size_t a_f32 = size_t(1024 * 2) * 256 * 4;
+  EXPECT_EQ(bytes(kBlock) - bytes(kN256), a_f32);
+  if (registry().backend_available(Backend::cuda).ok()) {
+    EXPECT_EQ(bytes("fused_moe_sm90_fp8_block"), bytes(kN256));
+  }
+}
+
 // 800 rows over 6 experts (several M tiles each), H = 256 (2 K blocks), I = 384 (gemm1: 6 N tiles of
 // 64 gate + 64 up columns, gate and up in different scale blocks; gemm2: 3 K blocks).
 TEST(FusedMoeSm90GroupedFp8Block, ManyMTilesPerExpert) {

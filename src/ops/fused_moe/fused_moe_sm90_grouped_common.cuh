@@ -248,8 +248,9 @@ struct Fp8Workspace {
 };
 constexpr size_t kFp8WsAlign = 256;
 
+// a_f32 = false: no f32 a (a gemm1 that quantizes a itself; the region is empty, l.a == l.aq).
 inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int64_t a_scales, int splits,
-                                  int bm = 128) {
+                                  int bm = 128, bool a_f32 = true) {
   const MoeDims d = moe_dims(p);
   Fp8Workspace l{};
   l.tk = d.T * d.k;
@@ -271,7 +272,7 @@ inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int
   l.num_tiles = take(4);
   l.xq = take(tk * size_t(d.H));
   l.sx = take(tk * size_t(x_scales) * 4);
-  l.a = take(tk * size_t(d.I) * 4);
+  l.a = take(a_f32 ? tk * size_t(d.I) * 4 : 0);
   l.aq = take(tk * size_t(d.I));
   l.sa = take(tk * size_t(a_scales) * 4);
   l.y = take(size_t(splits) * tk * size_t(d.H) * 4);

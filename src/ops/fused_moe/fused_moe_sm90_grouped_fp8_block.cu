@@ -73,10 +73,11 @@ constexpr int kBlk = 128;                                  // scale block (N and
 // One scale per 128-group of x and a rows; M tiles of bm rows (128: TMA + wgmma; 64: mma.sync,
 // fused_moe_sm90_grouped_fp8_block_bm64, or TMA 64 x 256 when tma64); gemm2 in one K range, or for
 // tma64 in fused_moe_sm90_tma64_gemm2_splits ranges.
-Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
+// a_f32 = false for the 128 x 256 tiles, whose gemm1 quantizes a itself (blk_quant_a_epilogue).
+Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false, bool a_f32 = true) {
   const MoeDims d = moe_dims(p);
   const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk) : 1;
-  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, bm);
+  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, bm, a_f32);
 }
 
 // ---------------------------------------------------------------- per-group quantizer
@@ -330,6 +331,7 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   if constexpr (C::kHalves) {
     g1t.aq = base + l.aq;
     g1t.sa = reinterpret_cast<float*>(base + l.sa);
+    g1t.out = nullptr;  // no f32 a in its workspace (blk_layout_of)
   }
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1t, n_tiles1));
@@ -386,7 +388,7 @@ template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
   const MoeDims d = moe_dims(p);
   const int bm = blk_tile_rows(tiles);
-  const Fp8Workspace l = blk_layout_of(p, bm, tiles == BlkTiles::tma64);
+  const Fp8Workspace l = blk_layout_of(p, bm, tiles == BlkTiles::tma64, tiles != BlkTiles::tma128n256);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -447,7 +449,9 @@ namespace {
 using grouped::BlkTiles;
 
 size_t blk_workspace(const FusedMoeParams& p, BlkTiles tiles) {
-  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles), tiles == BlkTiles::tma64).total;
+  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles), tiles == BlkTiles::tma64,
+                                tiles != BlkTiles::tma128n256)
+      .total;
 }
 Status run_blk(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5 = false) {
   return grouped::run_fp8_entry(p, ctx, blk_workspace(p, tiles), "fused_moe_sm90_grouped_fp8_block",
