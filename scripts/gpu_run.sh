@@ -3,7 +3,8 @@
 # the binaries staged by scripts/gpu_build.sh in .gpu/. Writes summary.txt and gpu_run_logs.tgz
 # (logs, JSON and a CSV) to $OUT (default out/). Each step has its own time limit so a hang cannot eat the run.
 #   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest)
-#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block"   BENCH_BF16=0|1
+#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block" (default fp8_tensor;
+#   all three with FP8_AUTO_ONLY=1)   BENCH_BF16=0|1
 #   BENCH_MODELS="mixtral deepseek-v3 qwen3-moe"   BENCH_LIMIT=90 (seconds per bench run)
 #   FP8_AUTO_ONLY=1 (fp8: the auto kernel only)   GPU_DIR=.gpu (staged binaries)   TEST_SHARDS=4
 #   TEST_FILTER='*' (gtest filter of the tests step)   SANITIZE_TOOLS="memcheck racecheck" (initcheck
@@ -99,20 +100,23 @@ fi
 
 if has bench; then
   # bf16 (BENCH_BF16=1): every CUDA kernel of the variant in one run per model; fp8 (FP8_SCHEMES,
-  # default fp8_tensor; e.g. "fp8_tensor fp8_channel fp8_block"): one run per kernel, so a run cut
-  # by its time limit loses only its own rows: the auto kernel (fused_moe_sm90_fp8_row /
-  # fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row tiles (block: also the
-  # 64 x 256 TMA tiles, _tma64, and 5-stage BM 64 pipelines, _bm64_s5) (small_m fp8 at large T takes
-  # seconds per call and is left to the auto kernel). BENCH_MODELS picks the presets.
+  # default fp8_tensor, or all three with FP8_AUTO_ONLY=1; e.g. "fp8_tensor fp8_channel fp8_block"):
+  # one run per kernel, so a run cut by its time limit loses only its own rows: the auto kernel
+  # (fused_moe_sm90_fp8_row / fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row
+  # tiles (block: also the 64 x 256 and 128 x 256 TMA tiles, _tma64 / _n256, and 5-stage BM 64
+  # pipelines, _bm64_s5) (small_m fp8 at large T takes seconds per call and is left to the auto
+  # kernel). BENCH_MODELS picks the presets.
+  fp8_default=fp8_tensor
+  [ "${FP8_AUTO_ONLY:-0}" = 1 ] && fp8_default="fp8_tensor fp8_channel fp8_block"
   for m in ${BENCH_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
     if [ "${BENCH_BF16:-1}" = 1 ]; then
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
         --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
       say "bench $m rc=$?"
     fi
-    for sc in ${FP8_SCHEMES:-fp8_tensor}; do
+    for sc in ${FP8_SCHEMES:-$fp8_default}; do
       kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64 fused_moe_sm90_grouped_fp8_row_tma64"
-      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64"
+      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64 fused_moe_sm90_grouped_fp8_block_n256"
       if [ "${FP8_AUTO_ONLY:-0}" = 1 ]; then  # the auto kernel's rows only
         kerns=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && kerns=fused_moe_sm90_fp8_block
       fi
