@@ -382,13 +382,17 @@ inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
 // cuts M tiles of blk_tile_rows rows for them.
 enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
 constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
+// The workspace of the tiles' run (no f32 a for 128 x 256: its gemm1 quantizes a itself).
+inline Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
+  return blk_layout_of(p, blk_tile_rows(t), t == BlkTiles::tma64, t != BlkTiles::tma128n256);
+}
 
 // force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
 template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
   const MoeDims d = moe_dims(p);
   const int bm = blk_tile_rows(tiles);
-  const Fp8Workspace l = blk_layout_of(p, bm, tiles == BlkTiles::tma64, tiles != BlkTiles::tma128n256);
+  const Fp8Workspace l = blk_layout_of(p, tiles);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -449,9 +453,7 @@ namespace {
 using grouped::BlkTiles;
 
 size_t blk_workspace(const FusedMoeParams& p, BlkTiles tiles) {
-  return grouped::blk_layout_of(p, grouped::blk_tile_rows(tiles), tiles == BlkTiles::tma64,
-                                tiles != BlkTiles::tma128n256)
-      .total;
+  return grouped::blk_layout_of(p, tiles).total;
 }
 Status run_blk(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5 = false) {
   return grouped::run_fp8_entry(p, ctx, blk_workspace(p, tiles), "fused_moe_sm90_grouped_fp8_block",

@@ -102,7 +102,7 @@ __device__ __forceinline__ void blk_consume_tile_halves(const typename Fp8Ring<k
 // The schedule of fp8_ring_run with the block-scaled consumer, each tile in `splits` K ranges
 // (split_tile): boxes(m, n, row0, b_rows) -> the A first row and the kBoxes B box rows,
 // wblocks(m, n, wg, half, lo_block, hi_block) -> warpgroup wg's weight scale rows for the tile's
-// 128-column half (0, and 1 for 128 x 256 tiles), epi(m, n, sp, wg, 0, acc) with sp the K range and
+// 128-column half (0, and 1 for 128 x 256 tiles), epi(m, n, sp, wg, acc) with sp the K range and
 // acc float[16][4], or float[2][16][4] (both halves) for 128 x 256 tiles.
 template <int kBM, int kN, class Boxes, class WBlocks, class Epi>
 __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& sm, const CUtensorMap* ma,
@@ -126,11 +126,11 @@ __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& s
                             sc.hi1 = ws + int64_t(bhi) * KT;
                             float acc[2][16][4];
                             blk_consume_tile_halves<kBM, kN>(sm, ring, wg, w.kn, sc, acc);
-                            epi(w.m, w.n, w.sp, wg, 0, acc);  // both halves
+                            epi(w.m, w.n, w.sp, wg, acc);  // both halves
                           } else {
                             float acc[16][4];
                             blk_consume_tile<kBM>(sm, ring, wg, w.kn, sc, acc);
-                            epi(w.m, w.n, w.sp, wg, 0, acc);
+                            epi(w.m, w.n, w.sp, wg, acc);
                           }
                         });
 }
@@ -227,34 +227,34 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
         lo = c0 / kBlk;
         hi = G1U1 ? (p.I + c0) / kBlk : lo;
       },
-      [&](int m, int n, int, int wg, int half, auto& acc) {
+      [&](int m, int n, int, int wg, auto& acc) {
         if constexpr (C::kHalves) {
           blk_quant_a_epilogue<G1U1, A>(p, m, n, C::row_of(warp, lane), lane, acc);
         } else {
-        const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols + half * half_cols;
-        const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
+          const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
+          const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rl = C::row_of(warp, lane) + 8 * h;
-          if (rl >= nrows) continue;
-          const int row = row0 + rl;
-          const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-          float* orow = p.out + int64_t(row) * p.I + i0 + c0;
-          if constexpr (G1U1) {
+          for (int h = 0; h < 2; ++h) {
+            const int rl = C::row_of(warp, lane) + 8 * h;
+            if (rl >= nrows) continue;
+            const int row = row0 + rl;
+            const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
+            float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+            if constexpr (G1U1) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float g0 = acc[j][2 * h] * w, g1 = acc[j][2 * h + 1] * w;
-              const float u0 = acc[j + 8][2 * h] * w, u1 = acc[j + 8][2 * h + 1] * w;
-              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
-            }
-          } else {
+              for (int j = 0; j < 8; ++j) {
+                const float g0 = acc[j][2 * h] * w, g1 = acc[j][2 * h + 1] * w;
+                const float u0 = acc[j + 8][2 * h] * w, u1 = acc[j + 8][2 * h + 1] * w;
+                *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+              }
+            } else {
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-              *reinterpret_cast<float2*>(orow + 8 * j) =
-                  make_float2(act<A>(acc[j][2 * h] * w), act<A>(acc[j][2 * h + 1] * w));
+              for (int j = 0; j < 16; ++j) {
+                *reinterpret_cast<float2*>(orow + 8 * j) =
+                    make_float2(act<A>(acc[j][2 * h] * w), act<A>(acc[j][2 * h + 1] * w));
+              }
             }
           }
-        }
         }
       });
 }
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       [&](int, int n, int wg, int half, int& lo, int& hi) {
         lo = hi = (n * C::kNCols + wg * wg_cols + half * half_cols) / kBlk;
       },
-      [&](int m, int n, int sp, int wg, int, auto& acc_all) {
+      [&](int m, int n, int sp, int wg, auto& acc_all) {
         const int e = p.tile_expert[m], row0 = p.tile_row0[m];
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
         auto store = [&](int half, const float (&acc)[16][4]) {
