@@ -37,20 +37,16 @@ __device__ __forceinline__ uint32_t encode4(const float* q, bool fnuz) {
   return w & ~__vcmpeq4(w, 0x80808080u);  // no negative zero in e4m3fnuz
 }
 
-// Four e4m3fn codes of q[0..3]: the hardware path when every quotient allows it, else the scalar
-// encoder (the reference's f32_to_e4m3fn_bits) per element.
-__device__ __forceinline__ uint32_t encode4_e4m3fn(const float* q) {
-  if (fp8_fast_ok(q[0]) && fp8_fast_ok(q[1]) && fp8_fast_ok(q[2]) && fp8_fast_ok(q[3])) return encode4(q, false);
-  uint32_t w = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) w |= uint32_t(f32_to_e4m3fn_bits(q[k])) << (8 * k);
-  return w;
-}
-
-// Two e4m3fn codes (lo in the low byte), as encode4_e4m3fn does each of them.
+// Two e4m3fn codes (lo in the low byte): the hardware path when both quotients allow it, else the
+// scalar encoder (the reference's f32_to_e4m3fn_bits) per element.
 __device__ __forceinline__ uint16_t encode2_e4m3fn(float lo, float hi) {
   if (fp8_fast_ok(lo) && fp8_fast_ok(hi)) return uint16_t(cvt_e4m3x2(lo, hi));
   return uint16_t(uint32_t(f32_to_e4m3fn_bits(lo)) | (uint32_t(f32_to_e4m3fn_bits(hi)) << 8));
+}
+
+// Four e4m3fn codes of q[0..3] (byte k = code of q[k]), a pair at a time.
+__device__ __forceinline__ uint32_t encode4_e4m3fn(const float* q) {
+  return uint32_t(encode2_e4m3fn(q[0], q[1])) | (uint32_t(encode2_e4m3fn(q[2], q[3])) << 16);
 }
 
 }  // namespace moekit::cuda
