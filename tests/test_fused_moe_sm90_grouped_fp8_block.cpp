@@ -69,8 +69,8 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
 // The 128 x 256 tiles' gemm1 quantizes a in its epilogue, so their workspace holds no f32 a: Tk x I
 // floats less than the 128 x 128 tiles' (the same routing lists, codes and partials otherwise), and
 // the auto kernel asks for that size where it takes them (512 rows per expert). Host functions only;
-// the auto kernel's choice needs the device (its strategy reads the SM count), so that check runs
-// where the CUDA backend is available.
+// the auto kernel's choice needs device tensors (its strategies' supports() check where they live), so
+// that check runs where the CUDA backend is available.
 TEST(FusedMoeSm90GroupedFp8Block, N256WorkspaceHoldsNoF32A) {
   for (const char* k : {kBlock, kN256, "fused_moe_sm90_fp8_block"}) {
     if (registry().find(k) == nullptr) GTEST_SKIP() << k << " is not compiled in (MOEKIT_CUDA off)";
@@ -81,7 +81,11 @@ TEST(FusedMoeSm90GroupedFp8Block, N256WorkspaceHoldsNoF32A) {
   const size_t a_f32 = size_t(1024 * 2) * 256 * 4;
   EXPECT_EQ(bytes(kBlock) - bytes(kN256), a_f32);
   if (registry().backend_available(Backend::cuda).ok()) {
-    EXPECT_EQ(bytes("fused_moe_sm90_fp8_block"), bytes(kN256));
+    // The auto kernel's supports() (which picks the strategy) wants device tensors.
+    FusedMoeParams dp = p;
+    DeviceMirror dev(Backend::cuda);
+    ASSERT_TRUE(mirror_fused_moe(dev, &dp).ok());
+    EXPECT_EQ(registry().find("fused_moe_sm90_fp8_block")->workspace_bytes(&dp), bytes(kN256));
   }
 }
 

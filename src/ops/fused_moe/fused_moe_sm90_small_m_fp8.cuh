@@ -208,7 +208,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(const Args p) {
   extern __shared__ uint4 smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
   __shared__ float s_scale[MC];
-  __shared__ float s_red[kWarps];
+  // 16-byte aligned: block_max reads red[] with LDS.128, which must not cover s_scale (thread 0
+  // writes s_scale[m] while the other warps may still read red; racecheck flags the overlap).
+  __shared__ __align__(16) float s_red[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int i = blockIdx.x * kRows1 + warp;
   const int64_t N1 = p.g1u1 ? 2 * int64_t(p.I) : p.I;
@@ -276,7 +278,9 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(const Args p) {
   extern __shared__ uint4 smem_raw[];
   __half* as = reinterpret_cast<__half*>(smem_raw);
   __shared__ float s_scale[MC];
-  __shared__ float s_red[kWarps];
+  // 16-byte aligned: block_max reads red[] with LDS.128, which must not cover s_scale (thread 0
+  // writes s_scale[m] while the other warps may still read red; racecheck flags the overlap).
+  __shared__ __align__(16) float s_red[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = blockIdx.x * kRows2 + 2 * warp;
   const uint8_t* w2e = static_cast<const uint8_t*>(p.w2) + int64_t(e) * p.H * p.I;
