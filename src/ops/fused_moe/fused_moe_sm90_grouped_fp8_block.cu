@@ -13,7 +13,8 @@
 //                 (the reference's block_row_dot order). 384 threads: two consumer warpgroups with
 //                 232 registers each (setmaxnreg) and a producer warpgroup. N tile: 64 gate + 64 up
 //                 columns (g1u1) or 128 (g1u0); a = act(w g) * (w u) in f32 -> workspace.
-//   4. quant a    a re-quantized per (row, 128-group) (in gemm1's epilogue on 128 x 256 tiles).
+//   4. quant a    a re-quantized per (row, 128-group) (in gemm1's epilogue on 128 x 256 and 64 x 256
+//                 tiles).
 //   5. gemm2      the same mainloop on a (N tile: 128 columns of H); y in f32.
 //   6. reduce     out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // The TMA gemms (3 and 5) are in fused_moe_sm90_grouped_fp8_block_tma.cuh.
@@ -73,7 +74,10 @@ constexpr int kBlk = 128;                                  // scale block (N and
 // One scale per 128-group of x and a rows; M tiles of bm rows (128: TMA + wgmma; 64: mma.sync,
 // fused_moe_sm90_grouped_fp8_block_bm64, or TMA 64 x 256 when tma64); gemm2 in one K range, or for
 // tma64 in fused_moe_sm90_tma64_gemm2_splits ranges.
-// a_f32 = false for the 128 x 256 tiles, whose gemm1 quantizes a itself (blk_quant_a_epilogue).
+// Whether the TMA gemm1 of kBM x kN tiles quantizes a itself (blk_quant_a_epilogue, _64): the 128 x
+// 256 and 64 x 256 tiles, whose N tiles hold whole 128-groups of a; their workspace has no f32 a.
+constexpr bool blk_gemm1_quantizes_a(int bm, int n) { return n == 256 && (bm == 128 || bm == 64); }
+// a_f32 = false for the tiles whose gemm1 quantizes a itself (blk_gemm1_quantizes_a).
 Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false, bool a_f32 = true) {
   const MoeDims d = moe_dims(p);
   const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk) : 1;
@@ -326,16 +330,19 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_blk_kernel<decltype(g1u1)::value, decltype(act)::value, kBM, kN>;
   });
-  // The 128 x 256 tiles' gemm1 writes a's codes and scales itself (a tile holds whole 128-groups).
+  // The 128 x 256 and 64 x 256 tiles' gemm1 writes a's codes and scales itself (a tile holds whole
+  // 128-groups; the 64 x 256 one meets its warpgroups' amaxes in kBlkXchBytes of shared memory).
+  constexpr bool kQuantA = blk_gemm1_quantizes_a(kBM, kN);
   BlkArgs g1t = g1;
-  if constexpr (C::kHalves) {
+  if constexpr (kQuantA) {
     g1t.aq = base + l.aq;
     g1t.sa = reinterpret_cast<float*>(base + l.sa);
     g1t.out = nullptr;  // no f32 a in its workspace (blk_layout_of)
   }
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, C::kSmemBytes, s,
+  const int smem1 = C::kSmemBytes + (kBM == 64 ? kBlkXchBytes : 0);
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, smem1, s,
                                               "fused_moe_sm90_grouped_fp8_block gemm1", m.ma1, m.mb1, g1t, n_tiles1));
-  if constexpr (!C::kHalves) {
+  if constexpr (!kQuantA) {
     MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
   }
   return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
@@ -382,9 +389,11 @@ inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
 // cuts M tiles of blk_tile_rows rows for them.
 enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
 constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
-// The workspace of the tiles' run (no f32 a for 128 x 256: its gemm1 quantizes a itself).
+// The workspace of the tiles' run (no f32 a for 128 x 256 and 64 x 256: their gemm1 quantizes a
+// itself, blk_gemm1_quantizes_a).
 inline Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
-  return blk_layout_of(p, blk_tile_rows(t), t == BlkTiles::tma64, t != BlkTiles::tma128n256);
+  const bool quant_a = t == BlkTiles::tma128n256 || t == BlkTiles::tma64;
+  return blk_layout_of(p, blk_tile_rows(t), t == BlkTiles::tma64, !quant_a);
 }
 
 // force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).

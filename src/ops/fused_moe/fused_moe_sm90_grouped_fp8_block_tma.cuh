@@ -199,6 +199,69 @@ __device__ __forceinline__ void blk_quant_a_epilogue(const BlkArgs& p, int m, in
   }
 }
 
+// Shared memory of the 64 x 256 gemm1 beyond its ring: each warpgroup's per-row amax of a (64 rows).
+constexpr int kBlkXchBytes = 2 * 64 * 4;
+
+// gemm1's epilogue on 64 x 256 tiles (consumer warpgroup wg: the tile's 64 rows, rows r0 and r0 + 8
+// of each 16-row slab, and its 128 of the 256 columns): a = act(g) * u (g1u1: warpgroup wg holds a
+// columns 64 wg .. 64 wg + 63 of the tile's one 128-group) or act(h) (g1u0: its own 128-group),
+// computed in place and re-quantized per (row, 128-group) as blk_quant_a_epilogue does. g1u1: the
+// two warpgroups' row amaxes meet in xch (kBlkXchBytes of shared memory) between two barriers of the
+// consumer warpgroups, the second so the next tile's amaxes wait for these reads. Every consumer
+// thread takes part in the shuffles and barriers; padding rows are not stored.
+template <bool G1U1, Activation A>
+__device__ __forceinline__ void blk_quant_a_epilogue_64(const BlkArgs& p, int m, int n, int wg, int r0, int lane,
+                                                        float (&acc)[16][4], float* xch) {
+  constexpr int kJ = G1U1 ? 8 : 16;  // a chunks (8 columns) of the warpgroup
+  const int e = p.tile_expert[m], row0 = p.tile_row0[m];
+  const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), G = p.I / kBlk;
+  float amax[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rl = r0 + 8 * h;
+    const float w = p.weight_on_input && rl < nrows ? p.weights[p.row_entry[row0 + rl]] : 1.0f;
+    amax[h] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& v = acc[j][2 * h + c];
+        if constexpr (G1U1) {
+          v = act<A>(v * w) * (acc[j + 8][2 * h + c] * w);
+        } else {
+          v = act<A>(v * w);
+        }
+        amax[h] = fmaxf(amax[h], fabsf(v));
+      }
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+  }
+  if constexpr (G1U1) {
+    if ((lane & 3) == 0) {
+      xch[wg * 64 + r0] = amax[0];
+      xch[wg * 64 + r0 + 8] = amax[1];
+    }
+    ws_consumers_sync();
+    amax[0] = fmaxf(amax[0], xch[(1 - wg) * 64 + r0]);
+    amax[1] = fmaxf(amax[1], xch[(1 - wg) * 64 + r0 + 8]);
+    ws_consumers_sync();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rl = r0 + 8 * h, row = row0 + rl;
+    if (rl >= nrows) continue;
+    const float s = fmaxf(amax[h], kFp8AmaxFloor) / kFp8E4m3fnMax, ri = __frcp_rn(s);
+    const int col = G1U1 ? n * kBlk + wg * 64 : (2 * n + wg) * kBlk;  // the warpgroup's first a column
+    uint8_t* qrow = p.aq + int64_t(row) * p.I + col + c0;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      *reinterpret_cast<uint16_t*>(qrow + 8 * j) =
+          encode2_e4m3fn(fp8_quotient(acc[j][2 * h], s, ri), fp8_quotient(acc[j][2 * h + 1], s, ri));
+    }
+    if ((lane & 3) == 0 && (!G1U1 || wg == 0)) p.sa[int64_t(row) * G + col / kBlk] = s;
+  }
+}
+
 // gemm1: ma = xq [Tk, H] (boxes of kBM rows), mb = w1 as [E * N1, H] (boxes of 64 rows). The N tile
 // holds nb gate columns from i0 = nb n (g1u1: and the matching up columns): 128 x 128: g1u1 64 + 64,
 // g1u0 128; 64 x 256: g1u1 128 + 128 (warpgroup wg: gate and up columns i0 + 64 wg ..), g1u0 256
@@ -230,6 +293,9 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       [&](int m, int n, int, int wg, auto& acc) {
         if constexpr (C::kHalves) {
           blk_quant_a_epilogue<G1U1, A>(p, m, n, C::row_of(warp, lane), lane, acc);
+        } else if constexpr (kBM == 64) {
+          blk_quant_a_epilogue_64<G1U1, A>(p, m, n, wg, C::row_of(warp, lane), lane, acc,
+                                           reinterpret_cast<float*>(ws_extra_smem_of<typename C::Smem>(smem_raw)));
         } else {
           const int e = p.tile_expert[m], row0 = p.tile_row0[m], i0 = n * nb + wg * wg_cols;
           const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);

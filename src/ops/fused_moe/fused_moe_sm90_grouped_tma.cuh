@@ -129,6 +129,16 @@ __device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw)
   return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + kWsStages * kWsStageBytes + 2 * kWsStages * 8;
 }
 
+// The same for a ring of shape Sm (Fp8Ring's stages), and a barrier of the consumer warpgroups alone
+// (named barrier 1; the producer warpgroup takes no part).
+template <class Sm>
+__device__ __forceinline__ unsigned char* ws_extra_smem_of(unsigned char* smem_raw) {
+  return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8;
+}
+__device__ __forceinline__ void ws_consumers_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWsConsumerWarps) : "memory");
+}
+
 // Register reallocation between warpgroups (sm_90a; every warp of the warpgroup executes it): the
 // producer gives registers back (dec), the consumers take them (inc); ptxas allocates the code after
 // each up to the new count.
