@@ -66,26 +66,29 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
   }
 }
 
-// The 128 x 256 tiles' gemm1 quantizes a in its epilogue, so their workspace holds no f32 a: Tk x I
-// floats less than the 128 x 128 tiles' (the same routing lists, codes and partials otherwise), and
-// the auto kernel asks for that size where it takes them (512 rows per expert). Host functions only;
-// the auto kernel's choice needs device tensors (its strategies' supports() check where they live), so
-// that check runs where the CUDA backend is available.
-TEST(FusedMoeSm90GroupedFp8Block, N256WorkspaceHoldsNoF32A) {
-  for (const char* k : {kBlock, kN256, "fused_moe_sm90_fp8_block"}) {
+// The 128 x 256 and 64 x 256 tiles' gemm1 quantizes a in its epilogue, so their workspace holds no
+// f32 a: Tk x I floats less than the 128 x 128 tiles' (the same routing lists, codes and partials
+// otherwise), and the auto kernel asks for that size where it takes them (512 rows per expert: 128 x
+// 256; 32: 64 x 256). The auto kernel's choice needs device tensors (its strategies' supports()
+// check where they live), so that part runs where the CUDA backend is available.
+TEST(FusedMoeSm90GroupedFp8Block, TmaTileWorkspacesHoldNoF32A) {
+  for (const char* k : {kBlock, kN256, kTma64, "fused_moe_sm90_fp8_block"}) {
     if (registry().find(k) == nullptr) GTEST_SKIP() << k << " is not compiled in (MOEKIT_CUDA off)";
   }
-  MoeProblem prob = make(small_shape(Scheme::fp8_block, 1024, 4, 2, 256, 256));
-  const FusedMoeParams p = prob.params();
-  auto bytes = [&](const char* k) { return registry().find(k)->workspace_bytes(&p); };
-  const size_t a_f32 = size_t(1024 * 2) * 256 * 4;
-  EXPECT_EQ(bytes(kBlock) - bytes(kN256), a_f32);
-  if (registry().backend_available(Backend::cuda).ok()) {
-    // The auto kernel's supports() (which picks the strategy) wants device tensors.
-    FusedMoeParams dp = p;
-    DeviceMirror dev(Backend::cuda);
-    ASSERT_TRUE(mirror_fused_moe(dev, &dp).ok());
-    EXPECT_EQ(registry().find("fused_moe_sm90_fp8_block")->workspace_bytes(&dp), bytes(kN256));
+  for (int64_t T : {1024, 64}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    MoeProblem prob = make(small_shape(Scheme::fp8_block, T, 4, 2, 256, 256));
+    const FusedMoeParams p = prob.params();
+    auto bytes = [](const char* k, const FusedMoeParams& q) { return registry().find(k)->workspace_bytes(&q); };
+    const size_t a_f32 = size_t(T * 2) * 256 * 4;
+    EXPECT_EQ(bytes(kBlock, p) - bytes(kN256, p), a_f32);
+    EXPECT_EQ(bytes(kBlock, p) - bytes(kTma64, p), a_f32);
+    if (registry().backend_available(Backend::cuda).ok()) {
+      FusedMoeParams dp = p;
+      DeviceMirror dev(Backend::cuda);
+      ASSERT_TRUE(mirror_fused_moe(dev, &dp).ok());
+      EXPECT_EQ(bytes("fused_moe_sm90_fp8_block", dp), bytes(T == 1024 ? kN256 : kTma64, p));
+    }
   }
 }
 
