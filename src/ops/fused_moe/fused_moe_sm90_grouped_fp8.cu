@@ -469,6 +469,9 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 // fp8_tensor T=4096 (5620 vs 5311 us), 3.4% at Qwen3 T=4096 and 2.6% at Mixtral T=4096, and about
 // as much with the early launch_dependents left out (5575 us). (The block variant's gemms lost up to
 // 26% with it, its 64 x 256 tiles included: none of them use it.)
+// NOTE: two-CTA clusters multicasting the A rows (N tiles 2q, 2q + 1 of one M tile; branch
+// gpu-measured11) ran 1.6-4.3% slower on the H200 (Mixtral T=512..4096, Qwen3 and DeepSeek-V3
+// T=4096, ninth session of docs/PERF.md), though the L2 is at 81-89% of its peak at Mixtral T=512.
 Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
                    uint8_t* xq, uint8_t* aq, float* a, float* sa, int n_tiles1, int n_tiles2, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
