@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/core/config.h"
@@ -59,6 +62,15 @@ struct RoutingCall {
     EXPECT_EQ(mw.mismatches, 0) << mw.worst;
     EXPECT_TRUE(mw.finite);
   }
+  // The same against the outputs of `want`, a run of the same problem by the op's ref kernel.
+  void expect_outputs_match(const RoutingCall& want) const {
+    testing::RoutingExpect e;
+    e.T = want.p.gating.shape[0];
+    e.k = want.p.k;
+    e.ids = testing::to_ints(want.ids.view);
+    e.weights = testing::to_doubles(want.w.view);
+    expect_outputs_match(e);
+  }
 };
 
 inline void expect_error(const Status& s, const std::string& needle) {
@@ -74,12 +86,25 @@ inline std::string cuda_unavailable() {
   return s.ok() ? "" : "CUDA backend unavailable: " + s.to_string();
 }
 
-// Runs a routing check hook restricted to the CUDA kernels and expects every case to pass and to
-// have actually run (a CUDA routing kernel accepts every Eg <= 512, so nothing may be skipped).
-inline void expect_cuda_check_passes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&),
-                                     testing::CheckRequest req, const std::string& what) {
+// Skips the test (GTEST_SKIP returns from it) with `reason` unless it is empty: ROUTING_SKIP_IF(
+// routing_test::cuda_unavailable()) or cpu_unavailable().
+#define ROUTING_SKIP_IF(reason)                                             \
+  do {                                                                      \
+    const std::string routing_skip_reason_ = (reason);                      \
+    if (!routing_skip_reason_.empty()) GTEST_SKIP() << routing_skip_reason_; \
+  } while (0)
+
+// A routing op's check hook (testing::check_topk_softmax, ...) and bench problem builder.
+using CheckFn = std::vector<testing::CaseResult> (*)(const testing::CheckRequest&);
+using BenchFn = Status (*)(const testing::BenchRequest&, int64_t, const Kernel&,
+                           std::unique_ptr<testing::BenchProblem>*);
+
+// Runs a routing check hook restricted to backend b's kernels and expects every case to pass against
+// the ref and to have actually run (the CUDA routing kernels accept every Eg <= 512, the CPU ones
+// every host problem, so nothing may be skipped).
+inline void expect_check_passes(Backend b, CheckFn check, testing::CheckRequest req, const std::string& what) {
   req.has_backend = true;
-  req.backend = Backend::cuda;
+  req.backend = b;
   const std::vector<testing::CaseResult> results = check(req);
   EXPECT_FALSE(results.empty()) << what;
   for (const testing::CaseResult& r : results) {
@@ -87,6 +112,40 @@ inline void expect_cuda_check_passes(std::vector<testing::CaseResult> (*check)(c
     EXPECT_EQ(r.detail.rfind("skipped", 0), std::string::npos) << what << " / " << r.name << ": " << r.detail;
     EXPECT_EQ(r.reference, "ref") << r.name;
   }
+}
+inline void expect_cuda_check_passes(CheckFn check, testing::CheckRequest req, const std::string& what) {
+  expect_check_passes(Backend::cuda, check, std::move(req), what);
+}
+
+// The check hook's edge cases on preset `model` at `tokens`, on backend b.
+inline void expect_edge_cases_pass(Backend b, CheckFn check, const char* model, std::vector<int64_t> tokens) {
+  testing::CheckRequest req;
+  req.shape.model = model;
+  req.tokens = std::move(tokens);
+  expect_check_passes(b, check, req, "edge cases");
+}
+
+// The check hook on each preset of `models` at `tokens` (no edge cases), on backend b.
+inline void expect_presets_pass(Backend b, CheckFn check, std::initializer_list<const char*> models,
+                                const std::vector<int64_t>& tokens) {
+  for (const char* model : models) {
+    testing::CheckRequest req;
+    req.shape.model = model;
+    req.edge_cases = false;
+    req.tokens = tokens;
+    expect_check_passes(b, check, req, model);
+  }
+}
+
+// The bench problem of preset `model` at T = 64 for kernel `kernel` builds and runs.
+inline void expect_bench_problem_runs(BenchFn bench, const char* model, const char* kernel) {
+  testing::BenchRequest req;
+  req.shape.model = model;
+  std::unique_ptr<testing::BenchProblem> b;
+  const Status s = bench(req, 64, *registry().find(kernel), &b);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Status r = b->run();
+  EXPECT_TRUE(r.ok()) << r.to_string();
 }
 
 // Top-k sizes for the random CUDA shapes: 1, 8, 32 and Eg itself (small Eg), capped at Eg.
@@ -166,19 +225,8 @@ void expect_cpu_kernel_registered(OpKind op, const char* name, const char* ref, 
   EXPECT_NE(s.message().find(moved_name), std::string::npos) << s.message();
 }
 
-// Runs a routing check hook restricted to the CPU kernels and expects every case to pass against
-// the ref and to have actually run (the CPU routing kernels accept every host problem).
-inline void expect_cpu_check_passes(std::vector<testing::CaseResult> (*check)(const testing::CheckRequest&),
-                                    testing::CheckRequest req, const std::string& what) {
-  req.has_backend = true;
-  req.backend = Backend::cpu;
-  const std::vector<testing::CaseResult> results = check(req);
-  EXPECT_FALSE(results.empty()) << what;
-  for (const testing::CaseResult& r : results) {
-    EXPECT_TRUE(r.ok) << what << " / " << r.kernel << " / " << r.name << ": " << r.detail;
-    EXPECT_EQ(r.detail.rfind("skipped", 0), std::string::npos) << what << " / " << r.name << ": " << r.detail;
-    EXPECT_EQ(r.reference, "ref") << r.name;
-  }
+inline void expect_cpu_check_passes(CheckFn check, testing::CheckRequest req, const std::string& what) {
+  expect_check_passes(Backend::cpu, check, std::move(req), what);
 }
 
 // Runs `call` (a RoutingCall) with kernel `kernel` and with the op's ref kernel and expects the same
@@ -193,12 +241,7 @@ void expect_kernel_matches_ref(Call& got, Call& want, const char* kernel, const 
   opts.kernel = kernel;
   const Status s = op(got.p, opts);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  testing::RoutingExpect e;
-  e.T = want.p.gating.shape[0];
-  e.k = want.p.k;
-  e.ids = testing::to_ints(want.ids.view);
-  e.weights = testing::to_doubles(want.w.view);
-  got.expect_outputs_match(e);
+  got.expect_outputs_match(want);
 }
 
 }  // namespace moekit::routing_test

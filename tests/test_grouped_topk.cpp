@@ -529,26 +529,16 @@ void expect_cuda_matches_ref(const Buffer& gating, const Buffer* bias, int k, in
   const Status s = grouped_topk(p, opts);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_TRUE(m.copy_back().ok());
-  testing::RoutingExpect e;
-  e.T = gating.view.shape[0];
-  e.k = k;
-  e.ids = testing::to_ints(want.ids.view);
-  e.weights = testing::to_doubles(want.w.view);
-  got.expect_outputs_match(e);
+  got.expect_outputs_match(want);
 }
 
 TEST(GroupedTopk, CudaEdgeCasesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "deepseek-v3";
-  req.tokens = {1};
-  routing_test::expect_cuda_check_passes(testing::check_grouped_topk, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cuda, testing::check_grouped_topk, "deepseek-v3", {1});
 }
 
 TEST(GroupedTopk, CudaNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   // (Eg, n_group, topk_group, k): DeepSeek-V3, groups of 1, uneven sizes, many groups.
   const int shapes[][4] = {{256, 8, 4, 8}, {8, 8, 4, 2}, {60, 4, 3, 6}, {512, 64, 8, 32}, {96, 3, 1, 32}};
   int n = 0;
@@ -571,33 +561,19 @@ TEST(GroupedTopk, CudaNonFiniteAndTiedRowsMatchRef) {
 }
 
 TEST(GroupedTopk, CudaRandomShapesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   routing_test::expect_cuda_random_shapes(testing::check_grouped_topk);
 }
 
 TEST(GroupedTopk, CudaPresetsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"deepseek-v3", "mixtral", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 64, 4096};
-    routing_test::expect_cuda_check_passes(testing::check_grouped_topk, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_presets_pass(Backend::cuda, testing::check_grouped_topk, {"deepseek-v3", "mixtral", "qwen3-moe"},
+                                    {1, 64, 4096});
 }
 
 TEST(GroupedTopk, CudaBenchProblemRuns) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::BenchRequest req;
-  req.shape.model = "deepseek-v3";
-  std::unique_ptr<testing::BenchProblem> b;
-  const Status s = testing::bench_grouped_topk(req, 64, *registry().find("grouped_topk_sm90"), &b);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  const Status r = b->run();
-  EXPECT_TRUE(r.ok()) << r.to_string();
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_bench_problem_runs(testing::bench_grouped_topk, "deepseek-v3", "grouped_topk_sm90");
 }
 
 

@@ -60,19 +60,14 @@ TEST(GroupedTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 }
 
 TEST(GroupedTopk, CpuEdgeCasesMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "deepseek-v3";
-  req.tokens = {1, 7, 64};
-  routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cpu, testing::check_grouped_topk, "deepseek-v3", {1, 7, 64});
 }
 
 // T not a multiple of the thread split, E and group sizes not multiples of the 16-lane vector (or
 // powers of two), both scorings with and without bias, and problems big enough for every thread.
 TEST(GroupedTopk, CpuThreadSplitAndVectorTailsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   struct Shape {
     int64_t T, E;
     int k, n_group, topk_group;
@@ -100,8 +95,7 @@ TEST(GroupedTopk, CpuThreadSplitAndVectorTailsMatchRef) {
 // Non-finite logits, an infinite bias, and logits on a 1/4 grid (exact ties): only the tie rules
 // decide, so the ids must equal the ref's exactly.
 TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   int n = 0;
   for (int64_t Eg : {8, 60, 256}) {
     for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
@@ -125,8 +119,7 @@ TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
 // close for the fast path's error bound, so the kernel must take the exact path and still give
 // the reference's ids.
 TEST(GroupedTopk, CpuNearTiesTakeTheExactPath) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const int64_t T = 40, E = 64;
   Buffer g(DType::f32, {T, E});
   Rng rng(12);
@@ -151,8 +144,7 @@ MOEKIT_CPU_AVX512 void sigmoid_approx_16(const float* x, float* out) {
 }
 
 TEST(GroupedTopk, CpuVectorSigmoidMeetsItsErrorBound) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   double worst = 0;
   alignas(64) float x[16], y[16];
   int n = 0;
@@ -174,8 +166,7 @@ TEST(GroupedTopk, CpuVectorSigmoidMeetsItsErrorBound) {
 
 // A big call equals itself run to run (fixed partition; no dependence on scheduling).
 TEST(GroupedTopk, CpuIsDeterministicRunToRun) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const Buffer bias = random_bias(9, 256);
   GroupedTopkParams cfg = config(8, 8, 4, Scoring::sigmoid, &bias);
   const Buffer g = certified_logits(78, 1500, 256, cfg, DType::bf16);
@@ -189,15 +180,9 @@ TEST(GroupedTopk, CpuIsDeterministicRunToRun) {
 }
 
 TEST(GroupedTopk, CpuPresetsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 63, 600};
-    routing_test::expect_cpu_check_passes(testing::check_grouped_topk, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_presets_pass(Backend::cpu, testing::check_grouped_topk,
+                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
 }
 
 }  // namespace cpu_cases

@@ -339,26 +339,16 @@ void expect_cuda_matches_ref(const Buffer& gating, int k, const std::string& wha
   const Status s = sigmoid_topk(p, opts);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_TRUE(m.copy_back().ok());
-  testing::RoutingExpect e;
-  e.T = gating.view.shape[0];
-  e.k = k;
-  e.ids = testing::to_ints(want.ids.view);
-  e.weights = testing::to_doubles(want.w.view);
-  got.expect_outputs_match(e);
+  got.expect_outputs_match(want);
 }
 
 TEST(SigmoidTopk, CudaEdgeCasesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "llama4";
-  req.tokens = {1};
-  routing_test::expect_cuda_check_passes(testing::check_sigmoid_topk, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cuda, testing::check_sigmoid_topk, "llama4", {1});
 }
 
 TEST(SigmoidTopk, CudaNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   int n = 0;
   for (int64_t Eg : {8, 60, 257, 512}) {
     for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
@@ -371,33 +361,19 @@ TEST(SigmoidTopk, CudaNonFiniteAndTiedRowsMatchRef) {
 }
 
 TEST(SigmoidTopk, CudaRandomShapesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   routing_test::expect_cuda_random_shapes(testing::check_sigmoid_topk);
 }
 
 TEST(SigmoidTopk, CudaPresetsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"llama4", "mixtral", "deepseek-v3"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 64, 4096};
-    routing_test::expect_cuda_check_passes(testing::check_sigmoid_topk, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_presets_pass(Backend::cuda, testing::check_sigmoid_topk, {"llama4", "mixtral", "deepseek-v3"},
+                                    {1, 64, 4096});
 }
 
 TEST(SigmoidTopk, CudaBenchProblemRuns) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::BenchRequest req;
-  req.shape.model = "llama4";
-  std::unique_ptr<testing::BenchProblem> b;
-  const Status s = testing::bench_sigmoid_topk(req, 64, *registry().find("sigmoid_topk_sm90"), &b);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  const Status r = b->run();
-  EXPECT_TRUE(r.ok()) << r.to_string();
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_bench_problem_runs(testing::bench_sigmoid_topk, "llama4", "sigmoid_topk_sm90");
 }
 
 // ------------------------------------------------------------------ CPU kernel (sigmoid_topk_avx512)
@@ -419,19 +395,14 @@ TEST(SigmoidTopk, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 }
 
 TEST(SigmoidTopk, CpuEdgeCasesMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "llama4";
-  req.tokens = {1, 7, 64};
-  routing_test::expect_cpu_check_passes(testing::check_sigmoid_topk, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cpu, testing::check_sigmoid_topk, "llama4", {1, 7, 64});
 }
 
 // T not a multiple of the thread split, E not a multiple of the 16-lane vector (or a power of two),
 // k = 1 and k = E, strided rows, ties (1/4 grid), and problems big enough for every thread.
 TEST(SigmoidTopk, CpuThreadSplitAndVectorTailsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   struct Shape {
     int64_t T, E;
     int k;
@@ -449,8 +420,7 @@ TEST(SigmoidTopk, CpuThreadSplitAndVectorTailsMatchRef) {
 }
 
 TEST(SigmoidTopk, CpuNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   int n = 0;
   for (int64_t Eg : {8, 60, 257}) {
     for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
@@ -465,8 +435,7 @@ TEST(SigmoidTopk, CpuNonFiniteAndTiedRowsMatchRef) {
 
 // A big call equals itself run to run (fixed partition; no dependence on scheduling).
 TEST(SigmoidTopk, CpuIsDeterministicRunToRun) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const Buffer g = random_logits(78, 1500, 128, DType::bf16);
   RunOptions opts;
   opts.kernel = "sigmoid_topk_avx512";
@@ -478,15 +447,9 @@ TEST(SigmoidTopk, CpuIsDeterministicRunToRun) {
 }
 
 TEST(SigmoidTopk, CpuPresetsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 63, 600};
-    routing_test::expect_cpu_check_passes(testing::check_sigmoid_topk, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_presets_pass(Backend::cpu, testing::check_sigmoid_topk,
+                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
 }
 
 }  // namespace cpu_cases

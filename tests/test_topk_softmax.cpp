@@ -465,14 +465,9 @@ void expect_cuda_matches_ref(const Buffer& gating, int k, bool renormalize, cons
   const Status s = topk_softmax(p, opts);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_TRUE(m.copy_back().ok());
-  testing::RoutingExpect e;
-  e.T = gating.view.shape[0];
-  e.k = k;
-  e.ids = testing::to_ints(want.ids.view);
-  e.weights = testing::to_doubles(want.w.view);
-  got.expect_outputs_match(e);
+  got.expect_outputs_match(want);
   const testing::Metrics mt = testing::compare_exact(testing::to_ints(got.tei.view), testing::to_ints(want.tei.view),
-                                                     {e.T, e.k});
+                                                     {want.p.gating.shape[0], int64_t(k)});
   EXPECT_EQ(mt.mismatches, 0) << mt.worst;
 }
 
@@ -497,17 +492,12 @@ TEST(TopkSoftmax, CudaKernelIsRegisteredAndRefusesHostTensorsAndLargeEg) {
 }
 
 TEST(TopkSoftmax, CudaEdgeCasesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "mixtral";
-  req.tokens = {1};
-  routing_test::expect_cuda_check_passes(testing::check_topk_softmax, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cuda, testing::check_topk_softmax, "mixtral", {1});
 }
 
 TEST(TopkSoftmax, CudaNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   int n = 0;
   for (int64_t Eg : {8, 60, 257, 512}) {
     for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
@@ -521,33 +511,19 @@ TEST(TopkSoftmax, CudaNonFiniteAndTiedRowsMatchRef) {
 }
 
 TEST(TopkSoftmax, CudaRandomShapesMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
   routing_test::expect_cuda_random_shapes(testing::check_topk_softmax);
 }
 
 TEST(TopkSoftmax, CudaPresetsMatchRef) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 64, 4096};
-    routing_test::expect_cuda_check_passes(testing::check_topk_softmax, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_presets_pass(Backend::cuda, testing::check_topk_softmax,
+                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 64, 4096});
 }
 
 TEST(TopkSoftmax, CudaBenchProblemRuns) {
-  const std::string why = routing_test::cuda_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::BenchRequest req;
-  req.shape.model = "deepseek-v3";
-  std::unique_ptr<testing::BenchProblem> b;
-  const Status s = testing::bench_topk_softmax(req, 64, *registry().find("topk_softmax_sm90"), &b);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  const Status r = b->run();
-  EXPECT_TRUE(r.ok()) << r.to_string();
+  ROUTING_SKIP_IF(routing_test::cuda_unavailable());
+  routing_test::expect_bench_problem_runs(testing::bench_topk_softmax, "deepseek-v3", "topk_softmax_sm90");
 }
 
 // ------------------------------------------------------------------ CPU kernel (topk_softmax_avx512)
@@ -571,19 +547,14 @@ TEST(TopkSoftmax, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 }
 
 TEST(TopkSoftmax, CpuEdgeCasesMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  testing::CheckRequest req;
-  req.shape.model = "mixtral";
-  req.tokens = {1, 7, 64};
-  routing_test::expect_cpu_check_passes(testing::check_topk_softmax, req, "edge cases");
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_edge_cases_pass(Backend::cpu, testing::check_topk_softmax, "mixtral", {1, 7, 64});
 }
 
 // T not a multiple of the thread split, E not a multiple of the 16-lane vector (or a power of two),
 // k = 1 and k = E, strided rows, and problems big enough to run on every thread.
 TEST(TopkSoftmax, CpuThreadSplitAndVectorTailsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   struct Shape {
     int64_t T, E;
     int k;
@@ -602,8 +573,7 @@ TEST(TopkSoftmax, CpuThreadSplitAndVectorTailsMatchRef) {
 }
 
 TEST(TopkSoftmax, CpuNonFiniteAndTiedRowsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   int n = 0;
   for (int64_t Eg : {8, 60, 257}) {
     for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
@@ -619,8 +589,7 @@ TEST(TopkSoftmax, CpuNonFiniteAndTiedRowsMatchRef) {
 // Distinct logits whose probabilities round to the same f32 (exp underflowing to 0, logits one ulp
 // apart next to the maximum): the ref ranks those equal p by id, and so must the CPU kernel.
 TEST(TopkSoftmax, CpuCollapsedProbabilitiesFollowTheRefTieRule) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const float below = std::nextafter(0.25f, 0.0f), two_below = std::nextafter(below, 0.0f);
   const Buffer g = logits_from_rows({
       {0.0f, -300.0f, -200.0f, -150.0f, -120.0f, -500.0f, -110.0f, -400.0f},  // five p == 0
@@ -646,8 +615,7 @@ MOEKIT_CPU_AVX512 void exp_approx_16(const float* x, float* out) {
 }
 
 TEST(TopkSoftmax, CpuVectorExpMeetsItsErrorBound) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   alignas(64) float x[16], y[16];
   int n = 0;
   for (uint32_t u = 0x80000000u; u < 0xFF800001u && u >= 0x80000000u; u += 1021) {  // -0 .. -inf
@@ -669,8 +637,7 @@ TEST(TopkSoftmax, CpuVectorExpMeetsItsErrorBound) {
 // The threaded split changes nothing: a big call equals itself run to run and equals, row by row,
 // small (single-threaded) calls on slices of the same logits.
 TEST(TopkSoftmax, CpuIsDeterministicAndIndependentOfTheThreadSplit) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const int64_t T = 1500, E = 64;
   const int k = 6;
   const Buffer g = certified_logits(77, T, E, k, DType::bf16);
@@ -694,15 +661,9 @@ TEST(TopkSoftmax, CpuIsDeterministicAndIndependentOfTheThreadSplit) {
 }
 
 TEST(TopkSoftmax, CpuPresetsMatchRef) {
-  const std::string why = routing_test::cpu_unavailable();
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = false;
-    req.tokens = {1, 63, 600};
-    routing_test::expect_cpu_check_passes(testing::check_topk_softmax, req, model);
-  }
+  ROUTING_SKIP_IF(routing_test::cpu_unavailable());
+  routing_test::expect_presets_pass(Backend::cpu, testing::check_topk_softmax,
+                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
 }
 
 }  // namespace cpu_cases
