@@ -34,10 +34,17 @@ std::vector<double> run(MoeProblem& p, const char* name) {
   return testing::read_out(p.params().out);
 }
 
-void expect_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed, const std::string& what) {
+// The reference on the row_major weights, then the kernel on them, or (packed) on pack_weight's
+// copies of them.
+void expect_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed, const std::string& what,
+                        bool packed = false) {
   MoeProblem p;
   ASSERT_TRUE(testing::make_moe_problem(s, o, seed, &p).ok()) << what;
   const std::vector<double> want = run(p, "fused_moe_ref");
+  if (packed) {
+    ASSERT_TRUE(testing::pack_moe_weights(&p).ok()) << what;
+    ASSERT_EQ(p.params().w2.layout, Layout::cpu_vnni2_n32);
+  }
   const std::vector<double> got = run(p, kKernel);
   testing::Metrics m;
   std::string detail;
@@ -69,34 +76,48 @@ TEST(FusedMoeAvx512, IsPickedByDefaultForBf16OnThisCpu) {
   EXPECT_STREQ(k->name, kKernel);
 }
 
-TEST(FusedMoeAvx512, EdgeCasesMatchRef) {
-  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
-  expect_matches_ref(shape(1, 8, 2, 64, 96), {}, 1, "T=1");
-  expect_matches_ref(shape(5, 1, 1, 32, 32), {}, 2, "E=1 k=1");
-  expect_matches_ref(shape(3, 6, 6, 64, 64), {}, 3, "k=E=6");
-  expect_matches_ref(shape(2, 13, 3, 96, 160), {}, 4, "E=13>T");
-  expect_matches_ref(shape(37, 8, 2, 128, 224), {}, 5, "T=37 (entry chunks of 4 with a tail)");
+struct EdgeCase {
+  MoeShape s;
+  testing::MoeProblemOptions o;
+  std::string what;
+};
+
+// The edge cases of both weight layouts: T=1, E=1, k=E, E>T, a T of tails, g1u0, row-strided x and
+// out, expert_mask, expert_map, the gelu activations, the router weight on the input.
+std::vector<EdgeCase> edge_cases() {
+  std::vector<EdgeCase> v = {{shape(1, 8, 2, 64, 96), {}, "T=1"},
+                             {shape(5, 1, 1, 32, 32), {}, "E=1 k=1"},
+                             {shape(3, 6, 6, 64, 64), {}, "k=E=6"},
+                             {shape(2, 13, 3, 96, 160), {}, "E=13>T, H=96"},
+                             {shape(37, 8, 2, 128, 224), {}, "T=37 (entry chunks / row groups of 4 with tails)"}};
   testing::MoeProblemOptions g1u0;
   g1u0.g1u1 = false;
-  expect_matches_ref(shape(6, 8, 2, 64, 96), g1u0, 6, "g1u0");
+  v.push_back({shape(6, 8, 2, 64, 96), g1u0, "g1u0"});
   testing::MoeProblemOptions pad;
   pad.row_pad = 8;
-  expect_matches_ref(shape(6, 8, 2, 64, 96), pad, 7, "row-strided x/out");
+  v.push_back({shape(6, 8, 2, 64, 96), pad, "row-strided x/out"});
   testing::MoeProblemOptions mask;
   mask.local_experts = 3;
   mask.ep = testing::ExpertParallel::mask;
-  expect_matches_ref(shape(9, 8, 2, 64, 96), mask, 8, "expert_mask");
+  v.push_back({shape(9, 8, 2, 64, 96), mask, "expert_mask"});
   testing::MoeProblemOptions map = mask;
   map.ep = testing::ExpertParallel::map;
-  expect_matches_ref(shape(9, 8, 2, 64, 96), map, 9, "expert_map");
+  v.push_back({shape(9, 8, 2, 64, 96), map, "expert_map"});
   for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
     MoeShape s = shape(4, 8, 2, 64, 96);
     s.activation = a;
-    expect_matches_ref(s, {}, 10, activation_name(a));
+    v.push_back({s, {}, activation_name(a)});
   }
   MoeShape woi = shape(5, 8, 1, 64, 96);
   woi.weight_on_input = true;
-  expect_matches_ref(woi, {}, 11, "weight_on_input");
+  v.push_back({woi, {}, "weight_on_input"});
+  return v;
+}
+
+TEST(FusedMoeAvx512, EdgeCasesMatchRef) {
+  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  uint64_t seed = 1;
+  for (const EdgeCase& c : edge_cases()) expect_matches_ref(c.s, c.o, seed++, c.what);
 }
 
 TEST(FusedMoeAvx512, RefusesWhatItCannotRun) {
@@ -142,56 +163,20 @@ TEST(FusedMoeAvx512, PresetsMatchRef) {
 }
 
 // ---------------------------------------------------------------- packed (cpu_vnni2_n32) weights
-// The reference on the row_major weights, then the kernel on pack_weight's copies of them.
-void expect_packed_matches_ref(const MoeShape& s, const testing::MoeProblemOptions& o, uint64_t seed,
-                               const std::string& what) {
-  MoeProblem p;
-  ASSERT_TRUE(testing::make_moe_problem(s, o, seed, &p).ok()) << what;
-  const std::vector<double> want = run(p, "fused_moe_ref");
-  ASSERT_TRUE(testing::pack_moe_weights(&p).ok()) << what;
-  ASSERT_EQ(p.params().w2.layout, Layout::cpu_vnni2_n32);
-  const std::vector<double> got = run(p, kKernel);
-  testing::Metrics m;
-  std::string detail;
-  EXPECT_TRUE(testing::judge_moe(got, want, s.T, s.H,
-                                 testing::moe_tolerance(MoeVariant::unquantized, DType::bf16,
-                                                        testing::MoeCompare::kernel_vs_ref),
-                                 &m, &detail))
-      << what << ": " << detail << " worst " << m.worst;
-}
-
+// The shared edge cases, and the packed layout's own: panels of 32 columns (E=1 k=1: one each; H=96
+// and g1u0 I=96: odd panel counts), K chunks of 256 with a tail, 1-row decode micro-kernel, token
+// blocks of ~128 entries.
 TEST(FusedMoeAvx512, PackedEdgeCasesMatchRef) {
   if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
-  expect_packed_matches_ref(shape(1, 8, 2, 64, 96), {}, 1, "T=1 (decode: column split, 1-row micro-kernel)");
-  expect_packed_matches_ref(shape(5, 1, 1, 32, 32), {}, 2, "E=1 k=1, one panel each");
-  expect_packed_matches_ref(shape(3, 6, 6, 64, 64), {}, 3, "k=E=6");
-  expect_packed_matches_ref(shape(2, 13, 3, 96, 160), {}, 4, "E=13>T, H=96: odd hidden panel count");
-  expect_packed_matches_ref(shape(37, 8, 2, 128, 224), {}, 5, "T=37: row groups of 4 with tails 1-3");
-  expect_packed_matches_ref(shape(7, 4, 2, 320, 288), {}, 6, "H=320, I=288: K chunks of 256 with a tail");
-  expect_packed_matches_ref(shape(300, 2, 1, 64, 64), {}, 7, "~150 entries per expert: 2 token blocks");
-  expect_packed_matches_ref(shape(260, 1, 1, 32, 32), {}, 8, "260 entries on one expert: 3 token blocks");
+  std::vector<EdgeCase> cases = edge_cases();
   testing::MoeProblemOptions g1u0;
   g1u0.g1u1 = false;
-  expect_packed_matches_ref(shape(6, 8, 2, 64, 96), g1u0, 9, "g1u0, I=96: odd gate panel count");
-  expect_packed_matches_ref(shape(6, 8, 2, 64, 128), g1u0, 10, "g1u0, I=128");
-  testing::MoeProblemOptions pad;
-  pad.row_pad = 8;
-  expect_packed_matches_ref(shape(6, 8, 2, 64, 96), pad, 11, "row-strided x/out");
-  testing::MoeProblemOptions mask;
-  mask.local_experts = 3;
-  mask.ep = testing::ExpertParallel::mask;
-  expect_packed_matches_ref(shape(9, 8, 2, 64, 96), mask, 12, "expert_mask");
-  testing::MoeProblemOptions map = mask;
-  map.ep = testing::ExpertParallel::map;
-  expect_packed_matches_ref(shape(9, 8, 2, 64, 96), map, 13, "expert_map");
-  for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
-    MoeShape s = shape(4, 8, 2, 64, 96);
-    s.activation = a;
-    expect_packed_matches_ref(s, {}, 14, activation_name(a));
-  }
-  MoeShape woi = shape(5, 8, 1, 64, 96);
-  woi.weight_on_input = true;
-  expect_packed_matches_ref(woi, {}, 15, "weight_on_input");
+  cases.push_back({shape(6, 8, 2, 64, 128), g1u0, "g1u0, I=128"});
+  cases.push_back({shape(7, 4, 2, 320, 288), {}, "H=320, I=288: K chunks of 256 with a tail"});
+  cases.push_back({shape(300, 2, 1, 64, 64), {}, "~150 entries per expert: 2 token blocks"});
+  cases.push_back({shape(260, 1, 1, 32, 32), {}, "260 entries on one expert: 3 token blocks"});
+  uint64_t seed = 1;
+  for (const EdgeCase& c : cases) expect_matches_ref(c.s, c.o, seed++, c.what, true);
 }
 
 TEST(FusedMoeAvx512, PackedDeterministicAcrossRuns) {
