@@ -108,7 +108,8 @@ TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
         const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
         const int64_t T = Eg == 256 && n % 4 == 1 ? 1031 : 97;  // some problems large enough for every thread
         const Buffer g = routing_test::nonfinite_logits(uint64_t(400 + n), T, Eg, dt);
-        expect_cpu_matches_ref(g, cfg, with_bias ? &bias : nullptr, "Eg=" + std::to_string(Eg) + " n=" + std::to_string(n));
+        expect_cpu_matches_ref(g, cfg, with_bias ? &bias : nullptr,
+                               "Eg=" + std::to_string(Eg) + " n=" + std::to_string(n));
         ++n;
       }
     }

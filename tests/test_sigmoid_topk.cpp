@@ -414,7 +414,8 @@ TEST(SigmoidTopk, CpuThreadSplitAndVectorTailsMatchRef) {
   for (const Shape& s : shapes) {
     const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
     const Buffer g = random_logits(uint64_t(40 + n), s.T, s.E, dt, n % 2 ? 0.25f : 1.0f / 256, s.stride);
-    expect_cpu_matches_ref(g, s.k, "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
+    expect_cpu_matches_ref(g, s.k,
+                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
     ++n;
   }
 }
