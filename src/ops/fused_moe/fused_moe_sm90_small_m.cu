@@ -118,6 +118,21 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
+// The 16-byte vectors c0 + 32 u (u < kUnroll) of each of the RP weight rows (zeros at and past
+// nvec), all loads issued before any is used: warp_dots' and warp_dots_fp8's memory stream.
+template <int RP, class W>
+__device__ __forceinline__ void load_weight_vecs(const W* const (&wrow)[RP], int c0, int nvec,
+                                                 uint4 (&wv)[RP][kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = c0 + 32 * u;
+#pragma unroll
+    for (int r = 0; r < RP; ++r) {
+      wv[r][u] = c < nvec ? load_stream(reinterpret_cast<const uint4*>(wrow[r]) + c) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Elements 8c .. 8c+7 of a staged shared-memory row as f32 (XT: 16-bit type or f32).
 template <class XT>
 __device__ __forceinline__ void load_staged8(const XT* row, int c, float (&f)[8]) {
@@ -144,14 +159,7 @@ __device__ __forceinline__ void warp_dots(const T* const (&wrow)[RP], const XT* 
   const int nvec = K / 8;
   for (int c0 = lane; c0 < nvec; c0 += 32 * kUnroll) {
     uint4 wv[RP][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + 32 * u;
-#pragma unroll
-      for (int r = 0; r < RP; ++r) {
-        wv[r][u] = c < nvec ? load_stream(reinterpret_cast<const uint4*>(wrow[r]) + c) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_weight_vecs<RP>(wrow, c0, nvec, wv);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + 32 * u;

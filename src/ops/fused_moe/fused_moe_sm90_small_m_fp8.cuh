@@ -56,14 +56,7 @@ __device__ __forceinline__ void warp_dots_fp8(const uint8_t* const (&wrow)[RP], 
   const int nvec = K / 16;
   for (int c0 = lane; c0 < nvec; c0 += 32 * kUnroll) {
     uint4 wv[RP][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + 32 * u;
-#pragma unroll
-      for (int r = 0; r < RP; ++r) {
-        wv[r][u] = c < nvec ? load_stream(reinterpret_cast<const uint4*>(wrow[r]) + c) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_weight_vecs<RP>(wrow, c0, nvec, wv);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + 32 * u;
