@@ -70,18 +70,22 @@ namespace {
 
 constexpr int kBlk = 128;                                  // scale block (N and K) = one K slice of codes
 
-// ---------------------------------------------------------------- workspace layout
-// One scale per 128-group of x and a rows; M tiles of bm rows (128: TMA + wgmma; 64: mma.sync,
-// fused_moe_sm90_grouped_fp8_block_bm64, or TMA 64 x 256 when tma64); gemm2 in one K range, or for
-// tma64 in fused_moe_sm90_tma64_gemm2_splits ranges.
-// Whether the TMA gemm1 of kBM x kN tiles quantizes a itself (blk_quant_a_epilogue, _64): the 128 x
-// 256 and 64 x 256 tiles, whose N tiles hold whole 128-groups of a; their workspace has no f32 a.
-constexpr bool blk_gemm1_quantizes_a(int bm, int n) { return n == 256 && (bm == 128 || bm == 64); }
-// a_f32 = false for the tiles whose gemm1 quantizes a itself (blk_gemm1_quantizes_a).
-Fp8Workspace blk_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false, bool a_f32 = true) {
+// ---------------------------------------------------------------- tiles and workspace layout
+// The gemms' tiles: 128 x 128 TMA + QGMMA, 64-row mma.sync, 64 x 256 TMA + QGMMA, or 128 x 256 TMA +
+// QGMMA; the routing cuts M tiles of blk_tile_rows rows for them.
+enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
+constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
+// Whether gemm1 quantizes a itself (blk_quant_a_epilogue, _64): the 256-column TMA tiles, whose N
+// tiles hold whole 128-groups of a; their workspace has no f32 a.
+constexpr bool blk_gemm1_quantizes_a(BlkTiles t) { return t == BlkTiles::tma64 || t == BlkTiles::tma128n256; }
+
+// One scale per 128-group of x and a rows; M tiles of blk_tile_rows rows; gemm2 in one K range, or
+// for tma64 in fused_moe_sm90_tma64_gemm2_splits ranges; no f32 a where blk_gemm1_quantizes_a.
+Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
   const MoeDims d = moe_dims(p);
+  const bool tma64 = t == BlkTiles::tma64;
   const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk) : 1;
-  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, bm, a_f32);
+  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, blk_tile_rows(t), !blk_gemm1_quantizes_a(t));
 }
 
 // ---------------------------------------------------------------- per-group quantizer
@@ -104,8 +108,8 @@ struct BlkArgs {
   bool weight_on_input;
   int splits = 1;           // gemm2 of the 64 x 256 TMA tiles: K ranges (fused_moe_sm90_tma64_gemm2_splits)
   int64_t y_split = 0;      // elements between the K ranges' partials
-  uint8_t* aq = nullptr;    // gemm1 of the 128 x 256 tiles: a's codes [Tk, I] and group scales
-  float* sa = nullptr;      //   [Tk, I / 128], quantized in its epilogue (blk_quant_a_epilogue)
+  uint8_t* aq = nullptr;    // gemm1 of the 256-column TMA tiles: a's codes [Tk, I] and group scales
+  float* sa = nullptr;      //   [Tk, I / 128], quantized in its epilogue (blk_gemm1_quantizes_a)
 };
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block_tma.cuh"
@@ -312,11 +316,12 @@ Status quant_a_groups(const FusedMoeParams& p, const Fp8Workspace& l, const BlkA
                              int(d.I), base + l.aq, reinterpret_cast<float*>(base + l.sa), l.tk, s, what);
 }
 
-// The TMA gemms (kBM-row tiles, fused_moe_sm90_grouped_fp8_block_tma.cuh) and the quantization of a
-// between them: persistent TMA + wgmma kernels (one CTA per SM at most).
-template <int kBM, int kN = kFp8RingN<kBM>>
+// The TMA gemms (kTiles: tma128, tma64 or tma128n256; fused_moe_sm90_grouped_fp8_block_tma.cuh) and
+// the quantization of a between them: persistent TMA + wgmma kernels (one CTA per SM at most).
+template <BlkTiles kTiles>
 Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs& g1, const BlkArgs& g2,
                    unsigned char* base, cudaStream_t s) {
+  constexpr int kBM = blk_tile_rows(kTiles), kN = kTiles == BlkTiles::tma128 ? 128 : 256;
   using C = Fp8Ring<kBM, kN>;
   const MoeDims d = moe_dims(p);
   Fp8GemmMaps m;
@@ -332,7 +337,7 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   });
   // The 128 x 256 and 64 x 256 tiles' gemm1 writes a's codes and scales itself (a tile holds whole
   // 128-groups; the 64 x 256 one meets its warpgroups' amaxes in kBlkXchBytes of shared memory).
-  constexpr bool kQuantA = blk_gemm1_quantizes_a(kBM, kN);
+  constexpr bool kQuantA = blk_gemm1_quantizes_a(kTiles);
   BlkArgs g1t = g1;
   if constexpr (kQuantA) {
     g1t.aq = base + l.aq;
@@ -385,17 +390,6 @@ inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
   return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinCtas) ? 5 : 4;
 }
 
-// The gemms' tiles: 128 x 128 TMA + QGMMA, 64-row mma.sync, or 64 x 256 TMA + QGMMA; the routing
-// cuts M tiles of blk_tile_rows rows for them.
-enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
-constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
-// The workspace of the tiles' run (no f32 a for 128 x 256 and 64 x 256: their gemm1 quantizes a
-// itself, blk_gemm1_quantizes_a).
-inline Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
-  const bool quant_a = t == BlkTiles::tma128n256 || t == BlkTiles::tma64;
-  return blk_layout_of(p, blk_tile_rows(t), t == BlkTiles::tma64, !quant_a);
-}
-
 // force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
 template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
@@ -423,9 +417,9 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
              p.topk_weights.ptr<const float>(), fat(l.sa), p.w2_scale.ptr<const float>(), fat(l.y), int(d.H), int(d.I),
              int(l.tk), false, l.splits, l.tk * d.H};
   const auto gemms = [&]() -> Status {
-    if (tiles == BlkTiles::tma128) return run_blk_tma<128>(p, l, g1, g2, base, s);
-    if (tiles == BlkTiles::tma128n256) return run_blk_tma<128, 256>(p, l, g1, g2, base, s);
-    if (tiles == BlkTiles::tma64) return run_blk_tma<64>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma128) return run_blk_tma<BlkTiles::tma128>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma128n256) return run_blk_tma<BlkTiles::tma128n256>(p, l, g1, g2, base, s);
+    if (tiles == BlkTiles::tma64) return run_blk_tma<BlkTiles::tma64>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
     const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5) == 5;
@@ -454,7 +448,7 @@ Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p) {
 }
 
 size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::blk_layout_of(p, 128).total;
+  return grouped::blk_layout_of(p, grouped::BlkTiles::tma128).total;
 }
 
 namespace {
