@@ -3,8 +3,8 @@
 // (Markstein). For s = max(amax, kFp8AmaxFloor) / 448 and |v| <= amax it gives the same e4m3fn code
 // as the IEEE quotient v / s (SPEC 3.2 / 5 divide; docs/tolerances.md says why x * (1 / s) is not
 // enough): the f32 quotient itself except where the residual underflows (|v| < 2^-103, code +-0
-// either way). Host and device; the 128 x 256 block gemm1 epilogue (blk_quant_a_epilogue) divides a
-// group's 32 values a thread holds by one scale with it, where __fdiv_rn cost more than the
+// either way). Host and device; the 256-column block gemm1 epilogues (blk_store_codes) divide the
+// values of a group a thread holds by one scale with it, where __fdiv_rn cost more than the
 // quantizer kernel the epilogue replaces.
 // Test: tests/test_fp8_quotient.cpp (codes against the IEEE quotient on random and edge pairs).
 #pragma once
@@ -12,8 +12,13 @@
 #include <cmath>
 
 #include "moekit/core/dtype.h"  // MOEKIT_HD
+#include "moekit/ops/quant.h"     // kFp8AmaxFloor, kFp8E4m3fnMax
 
 namespace moekit {
+
+// The dynamic e4m3fn scale of a row or group with absolute maximum amax (SPEC 5):
+// max(amax, kFp8AmaxFloor) / 448, an IEEE division; fmaxf drops a NaN amax for the floor.
+MOEKIT_HD float e4m3fn_scale_of(float amax) { return fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax; }
 
 MOEKIT_HD float fp8_quotient(float v, float s, float ri) {
 #if defined(__CUDA_ARCH__)

@@ -135,6 +135,37 @@ __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& s
                         });
 }
 
+// In place over the chunks j < kJ of a consumer thread's row h (accumulator columns 2 h, 2 h + 1):
+// a = act(w g) * (w u) (G1U1: u in chunk j + 8) or act(w g); returns the maximum of amax and the
+// row's |a| there.
+template <bool G1U1, Activation A, int kJ>
+__device__ __forceinline__ float blk_act_amax(float (&acc)[16][4], int h, float w, float amax) {
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float& v = acc[j][2 * h + c];
+      if constexpr (G1U1) {
+        v = act<A>(v * w) * (acc[j + 8][2 * h + c] * w);
+      } else {
+        v = act<A>(v * w);
+      }
+      amax = fmaxf(amax, fabsf(v));
+    }
+  return amax;
+}
+
+// The e4m3fn codes of row h's chunks j < kJ divided by s (ri = RN(1 / s), fp8_quotient): two bytes
+// per chunk at qrow + 8 j.
+template <int kJ>
+__device__ __forceinline__ void blk_store_codes(uint8_t* qrow, const float (&acc)[16][4], int h, float s, float ri) {
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    *reinterpret_cast<uint16_t*>(qrow + 8 * j) =
+        encode2_e4m3fn(fp8_quotient(acc[j][2 * h], s, ri), fp8_quotient(acc[j][2 * h + 1], s, ri));
+  }
+}
+
 // gemm1's epilogue on 128 x 256 tiles (consumer warpgroup of the tile's rows r0 and r0 + 8 within
 // each 16-row slab; acc: both 128-column halves): a = act(g) * u (g1u1: 128 columns of a, one
 // 128-group) or act(h) (g1u0: 256 columns, a group per half), computed in place, then re-quantized
@@ -156,41 +187,27 @@ __device__ __forceinline__ void blk_quant_a_epilogue(const BlkArgs& p, int m, in
     const int rl = r0 + 8 * h, row = row0 + rl;
     const bool real = rl < nrows;
     const float w = p.weight_on_input && real ? p.weights[p.row_entry[row]] : 1.0f;
-    float amax[kGroups];
+    float amax[kGroups];  // g1u1: one group over both halves; g1u0: a group per half
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) amax[gi] = 0.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kJ; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& v = acc[half][j][2 * h + c];
-          if constexpr (G1U1) {
-            v = act<A>(v * w) * (acc[half][j + 8][2 * h + c] * w);
-          } else {
-            v = act<A>(v * w);
-          }
-          amax[G1U1 ? 0 : half] = fmaxf(amax[G1U1 ? 0 : half], fabsf(v));
-        }
+    for (int half = 0; half < 2; ++half) {
+      float& m = amax[G1U1 ? 0 : half];
+      m = blk_act_amax<G1U1, A, kJ>(acc[half], h, w, m);
+    }
     float sc[kGroups], rinv[kGroups];
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
       amax[gi] = fmaxf(amax[gi], __shfl_xor_sync(0xffffffffu, amax[gi], 1));
       amax[gi] = fmaxf(amax[gi], __shfl_xor_sync(0xffffffffu, amax[gi], 2));
-      sc[gi] = fmaxf(amax[gi], kFp8AmaxFloor) / kFp8E4m3fnMax;
+      sc[gi] = e4m3fn_scale_of(amax[gi]);
       rinv[gi] = __frcp_rn(sc[gi]);
     }
     if (!real) continue;
     uint8_t* qrow = p.aq + int64_t(row) * p.I + int64_t(n) * kGroups * kBlk + c0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float s = sc[G1U1 ? 0 : half], ri = rinv[G1U1 ? 0 : half];
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        *reinterpret_cast<uint16_t*>(qrow + half * kHalfCols + 8 * j) =
-            encode2_e4m3fn(fp8_quotient(acc[half][j][2 * h], s, ri), fp8_quotient(acc[half][j][2 * h + 1], s, ri));
-      }
+      blk_store_codes<kJ>(qrow + half * kHalfCols, acc[half], h, sc[G1U1 ? 0 : half], rinv[G1U1 ? 0 : half]);
     }
     if ((lane & 3) == 0) {
 #pragma unroll
@@ -220,19 +237,7 @@ __device__ __forceinline__ void blk_quant_a_epilogue_64(const BlkArgs& p, int m,
   for (int h = 0; h < 2; ++h) {
     const int rl = r0 + 8 * h;
     const float w = p.weight_on_input && rl < nrows ? p.weights[p.row_entry[row0 + rl]] : 1.0f;
-    amax[h] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kJ; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float& v = acc[j][2 * h + c];
-        if constexpr (G1U1) {
-          v = act<A>(v * w) * (acc[j + 8][2 * h + c] * w);
-        } else {
-          v = act<A>(v * w);
-        }
-        amax[h] = fmaxf(amax[h], fabsf(v));
-      }
+    amax[h] = blk_act_amax<G1U1, A, kJ>(acc, h, w, 0.0f);
     amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
     amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
   }
@@ -250,14 +255,9 @@ __device__ __forceinline__ void blk_quant_a_epilogue_64(const BlkArgs& p, int m,
   for (int h = 0; h < 2; ++h) {
     const int rl = r0 + 8 * h, row = row0 + rl;
     if (rl >= nrows) continue;
-    const float s = fmaxf(amax[h], kFp8AmaxFloor) / kFp8E4m3fnMax, ri = __frcp_rn(s);
+    const float s = e4m3fn_scale_of(amax[h]), ri = __frcp_rn(s);
     const int col = G1U1 ? n * kBlk + wg * 64 : (2 * n + wg) * kBlk;  // the warpgroup's first a column
-    uint8_t* qrow = p.aq + int64_t(row) * p.I + col + c0;
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      *reinterpret_cast<uint16_t*>(qrow + 8 * j) =
-          encode2_e4m3fn(fp8_quotient(acc[j][2 * h], s, ri), fp8_quotient(acc[j][2 * h + 1], s, ri));
-    }
+    blk_store_codes<kJ>(p.aq + int64_t(row) * p.I + col + c0, acc, h, s, ri);
     if ((lane & 3) == 0 && (!G1U1 || wg == 0)) p.sa[int64_t(row) * G + col / kBlk] = s;
   }
 }

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cuda/fp8_encode.cuh"
+#include "cuda/fp8_quotient.h"
 #include "cuda/pdl.cuh"
 #include "moekit/ops/quant.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kC > 0 ? kQuantMaxThreads : kQuantManyThreads)
     __syncthreads();
     amax = red[0];
     for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
-    s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+    s = e4m3fn_scale_of(amax);
   }
   uint8_t* qr = q + int64_t(r) * n;
   auto put = [&](int c, float (&g)[8]) {
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
       float amax = fmaxf(fmaxf(fabsf(f[ch][0]), fabsf(f[ch][1])), fmaxf(fabsf(f[ch][2]), fabsf(f[ch][3])));
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float s = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+      const float s = e4m3fn_scale_of(amax);
 #pragma unroll
       for (int i = 0; i < 4; ++i) f[ch][i] = __fdiv_rn(f[ch][i], s);
       *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kQuantGroup + lane * 4) = encode4_e4m3fn(f[ch]);

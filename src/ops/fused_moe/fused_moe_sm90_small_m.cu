@@ -34,6 +34,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/fp8_quotient.h"
 #include "cuda/pdl.cuh"
 #include "moekit/ops/quant.h"
 

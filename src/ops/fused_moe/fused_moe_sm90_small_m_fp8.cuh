@@ -121,7 +121,7 @@ __device__ __forceinline__ float stage_quantized(__half* dst, const XT* src, int
   if (!(fixed > 0.0f)) {
     float amax = 0.0f;
     for (int c = threadIdx.x; c < n; c += kThreads) amax = fmaxf(amax, fabsf(to_f32(src[c])));
-    s = fmaxf(block_max(amax, red), kFp8AmaxFloor) / kFp8E4m3fnMax;
+    s = e4m3fn_scale_of(block_max(amax, red));
   }
   for (int c = threadIdx.x; c < n; c += kThreads) {
     dst[c] = __float2half_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(to_f32(src[c]) / s)));
@@ -146,7 +146,7 @@ __device__ __forceinline__ void stage_quantized_groups(__half* dst, float* scale
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sg = fmaxf(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+    const float sg = e4m3fn_scale_of(amax);
 #pragma unroll
     for (int q = 0; q < 4; ++q) dst[c0 + q] = __float2half_rn(e4m3fn_bits_to_f32(f32_to_e4m3fn_bits(v[q] / sg)));
     if (lane == 0) scales[g] = sg;
