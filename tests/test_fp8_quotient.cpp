@@ -28,7 +28,7 @@ struct Mismatch {
   int64_t codes = 0, quotients = 0;
 };
 void check_pair(float v, float amax, Mismatch& m) {
-  const float s = std::fmax(amax, kFp8AmaxFloor) / kFp8E4m3fnMax;
+  const float s = e4m3fn_scale_of(amax);
   const float q = fp8_quotient(v, s, 1.0f / s), e = v / s;
   if (f32_to_e4m3fn_bits(q) != f32_to_e4m3fn_bits(e)) ++m.codes;
   if (std::fabs(v) >= 0x1p-100f && bits_of(q) != bits_of(e)) ++m.quotients;
