@@ -61,6 +61,16 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
       << detail << " | worst " << m.worst;
 }
 
+// x and out of prob as f16 (x's values converted, out fresh): the fp8 kernels' f16 activation path
+// (quantizers reading f16, the reduction writing f16).
+inline void to_f16_activations(MoeProblem* prob) {
+  Buffer x(DType::f16, {prob->shape.T, prob->shape.H}), out(DType::f16, {prob->shape.T, prob->shape.H});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, prob->x.get(i));
+  prob->x = std::move(x);
+  prob->out = std::move(out);
+  prob->x_dtype = DType::f16;
+}
+
 // g1u0 with gelu over a 4-of-E expert map: the problem the fp8 kernels' G1U0GeluAndExpertMap use.
 inline MoeProblem make_g1u0_gelu_expert_map(Scheme sc, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I) {
   MoeShape s = small_shape(sc, T, E, k, H, I);

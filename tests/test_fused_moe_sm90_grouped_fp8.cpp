@@ -3,7 +3,8 @@
 // fp8 reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
 // presets (per-tensor, per-row, router weight on the input), several 128-row M tiles per expert,
 // tails around the warpgroup cut, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
-// and an expert map, rows of all zeros, large values, and supports()' refusals. Suite
+// and an expert map, rows of all zeros, large values, f16 x and out (F16Activations: the 128-row,
+// 64-row and 64 x 256 tiles and the auto kernel), and supports()' refusals. Suite
 // FusedMoeSm90GroupedFp8Bm64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64 (64-row tiles on
 // mma.sync e4m3): edge cases, presets at decode-sized T, several 64-row tiles per expert with tails,
 // the router weight on the input, a static scale, g1u0 with gelu and an expert map, zero / large rows.
@@ -134,6 +135,34 @@ TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 60, 5, 2, 128, 128));
   moe_test::set_zero_and_large_rows(&prob);
   expect_matches_ref(prob);
+}
+
+// f16 x and out (every other test uses bf16): the 128-row tiles (T = 300 over 4 experts), the 64-row
+// mma.sync and 64 x 256 TMA tiles (T = 8, gemm2 in K ranges at I = 2048), the auto kernel at both ends,
+// per tensor and per row, and the router weight on the input.
+TEST(FusedMoeSm90GroupedFp8, F16Activations) {
+  SKIP_WITHOUT_KERNEL();
+  const char* bm64 = "fused_moe_sm90_grouped_fp8_row_bm64";
+  const char* tma64 = "fused_moe_sm90_grouped_fp8_row_tma64";
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      for (int64_t T : {300, 8, 1}) {
+        MoeShape shape = small_shape(sc, T, 4, on_input ? 1 : 2, 256, T == 8 ? 2048 : 256);
+        shape.weight_on_input = on_input;
+        MoeProblem prob = make(shape);
+        moe_test::to_f16_activations(&prob);
+        const std::vector<std::string> kernels =
+            T == 300 ? std::vector<std::string>{kRow, kAutoRow} : std::vector<std::string>{bm64, tma64, kAutoRow};
+        for (const std::string& k : kernels) {
+          SCOPED_TRACE(k + " T=" + std::to_string(T));
+          std::string twin = k;  // the kernel's _tkw1 twin: "_tkw1" after "_row"
+          twin.insert(twin.find("_row") + 4, "_tkw1");
+          moe_test::expect_fp8_cuda_matches_ref(prob, k.c_str(), twin.c_str());
+        }
+      }
+    }
+  }
 }
 
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {

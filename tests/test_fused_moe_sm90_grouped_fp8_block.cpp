@@ -6,7 +6,8 @@
 // fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
 // (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
 // Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA), N256*
-// fused_moe_sm90_grouped_fp8_block_n256 (128 x 256 tiles, two 128-column halves per warpgroup).
+// fused_moe_sm90_grouped_fp8_block_n256 (128 x 256 tiles, two 128-column halves per warpgroup);
+// F16Activations every tile shape and the auto kernel with f16 x and out.
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -120,6 +121,26 @@ TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
   MoeProblem prob = make(small_shape(Scheme::fp8_block, 60, 5, 2, 256, 128));
   moe_test::set_zero_and_large_rows(&prob);
   expect_matches_ref(prob);
+}
+
+// f16 x and out (every other test uses bf16): each block kernel where its tiles apply (T = 8: 64-row
+// tiles, gemm2 in K ranges on the 64 x 256 ones at I = 2048; T = 300 over 4 experts: 128-row tiles),
+// with the router weight on the output and on the input.
+TEST(FusedMoeSm90GroupedFp8Block, F16Activations) {
+  SKIP_WITHOUT_KERNEL();
+  for (bool on_input : {false, true}) {
+    SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
+    for (int64_t T : {8, 300}) {
+      MoeShape shape = small_shape(Scheme::fp8_block, T, 4, on_input ? 1 : 2, 256, T == 8 ? 2048 : 256);
+      shape.weight_on_input = on_input;
+      MoeProblem prob = make(shape);
+      moe_test::to_f16_activations(&prob);
+      for (const char* k : {kBlock, kBlock64, kBlock64S5, kTma64, kN256, "fused_moe_sm90_fp8_block"}) {
+        SCOPED_TRACE(std::string(k) + " T=" + std::to_string(T));
+        moe_test::expect_fp8_cuda_matches_ref(prob, k, k);
+      }
+    }
+  }
 }
 
 TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {

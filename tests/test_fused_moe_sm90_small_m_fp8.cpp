@@ -4,7 +4,7 @@
 // presets for per-tensor, per-row and 128 x 128 block schemes (and the router weight on the input),
 // a static activation scale, g1u0 with gelu, an expert map, rows of all zeros (amax floor), very
 // large values, and supports()' refusals; the block variant's auto kernel fused_moe_sm90_fp8_block
-// on both sides of its small_m / grouped choice.
+// on both sides of its small_m / grouped choice; f16 x and out (F16Activations).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90SmallMFp8*:FusedMoeSm90Fp8BlockAuto*'
 #include <gtest/gtest.h>
@@ -86,6 +86,28 @@ TEST(FusedMoeSm90SmallMFp8, ZeroRowsAndLargeValues) {
   MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 6, 5, 2, 64, 64));
   moe_test::set_zero_and_large_rows(&prob);
   expect_matches_ref(prob);
+}
+
+// f16 x and out (every other test uses bf16): per tensor, per row (and the router weight on the
+// input) and block scales, at T = 1 and 3.
+TEST(FusedMoeSm90SmallMFp8, F16Activations) {
+  SKIP_WITHOUT_KERNEL();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel, Scheme::fp8_block}) {
+    for (bool on_input : {false, true}) {
+      for (int64_t T : {1, 3}) {
+        SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : "") + " T=" + std::to_string(T));
+        MoeShape shape = small_shape(sc, T, 6, on_input ? 1 : 2, 256, 384);
+        shape.weight_on_input = on_input;
+        MoeProblem prob = make(shape);
+        moe_test::to_f16_activations(&prob);
+        if (sc == Scheme::fp8_block) {
+          moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock);
+        } else {
+          moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1);
+        }
+      }
+    }
+  }
 }
 
 TEST(FusedMoeSm90SmallMFp8, RefusesBlockScalesAndUnquantizedWeights) {
