@@ -494,6 +494,14 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
+// NOTE: measured slower on the H200 (docs/PERF.md, tenth session), against separate kernels:
+// - the last CTA of each gemm1 M tile quantizing its rows of a and the last CTA of each gemm2 N tile
+//   reducing over k (completion counters zeroed by the routing kernel; T <= 4, branch gpu-pending14):
+//   +1..8% (Mixtral fp8_tensor T=1 / 2 / 4: 1.030 / 1.080 / 1.011); the reduction alone +1.5..2.9%.
+//   Leaving the quantizer and the reduce kernel out of the graph saves 5.2 and 3.2 us at Mixtral
+//   T=1, but a fence, a counter and one CTA's serial pass cost more than the PDL launch;
+// - the producer loading its first item's B boxes before griddepcontrol.wait (branch gpu-pending12):
+//   0.995..1.027.
 // Whole N tiles: H % 256 == 0, I % 128 (g1u1) or 256 (g1u0) == 0 (fused_moe_sm90_grouped_fp8_row_tma64's
 // supports).
 Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,

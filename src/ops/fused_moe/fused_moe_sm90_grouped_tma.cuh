@@ -81,6 +81,9 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // Box (c0 = first column, c1 = first row) of `map` -> shared `dst`, completing on `bar`.
+// NOTE: the weight (B) boxes with an L2 evict_first policy (.L2::cache_hint, createpolicy; branch
+// gpu-pending13) measured slower on the H200 nearly everywhere (docs/PERF.md, tenth session: Mixtral
+// fp8_tensor T=8 / 512 / 4096 +4.1 / +5.6 / +6.0%, bf16 T=4096 +7.6%; only Qwen3 T=1 -6%).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
