@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_moe_fp8_test_util.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -553,11 +554,7 @@ TEST(MoeBaselineCublas, Fp8F16OutputMatchesRefOrIsRefusedCleanly) {
   SKIP_WITHOUT_DEVICE();
   for (Scheme sc : {Scheme::fp8_channel, Scheme::fp8_block}) {
     MoeProblem p = make(shape(sc, 9, 6, 2, 256, 128));
-    Buffer x(DType::f16, {p.shape.T, p.shape.H}), out(DType::f16, {p.shape.T, p.shape.H});
-    for (int64_t i = 0; i < x.numel(); ++i) x.set(i, p.x.get(i));
-    p.x = std::move(x);
-    p.out = std::move(out);
-    p.x_dtype = DType::f16;
+    moe_test::to_f16_activations(&p);
     expect_fp8_matches_ref_or_refused(p, std::string("f16 x / out, ") + scheme_name(sc));
   }
 }
