@@ -191,6 +191,10 @@ struct ReduceArgs {
 // NOTE: one block per token read a whole DeepSeek-V3 row set (k 8 x 7168 f32 = 229 KB) with 256
 // threads, latency-bound: 16.7 us at T = 8 (ncu, 2026-12-01), 11% of the fp8 kernels' time at
 // T = 1 / 8; the chunks give T x H / 1024 blocks.
+// NOTE: loading 8 partials a thread before adding any (one round trip per batch instead of one per
+// (slot, range)) measured no faster on the H200 (branch gpu-pending15, tenth session of
+// docs/PERF.md: 0.997-1.004 at Mixtral / DeepSeek-V3 T=1..64, Qwen3 T=1 1.024): at one token this
+// kernel's 3-4 us are its launch and wait, not its loads.
 constexpr int kReduceChunk = kReduceThreads * 4;  // columns per block
 template <class TT>
 __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {
