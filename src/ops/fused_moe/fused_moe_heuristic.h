@@ -120,6 +120,9 @@ constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma6
 // With 4 ranges (`moekit bench`, CUDA-graph replay): Mixtral fp8_tensor T=1 136.4 -> 122.8 us,
 // fp8_block 144.0 -> 128.2, Llama-4 fp8_channel 76.7 -> 67.9, fp8_block 84.5 -> 71.8; but Qwen3 T=1
 // (64 CTAs, K = 6 slices) in 2 ranges of 3 slices: 36.1 -> 37.7, so a range needs 8 slices.
+// NOTE: ranges that fill two waves instead of one (s = ceil(264 / work), branch gpu-pending16) measured
+// slower on the H200 (tenth session of docs/PERF.md): DeepSeek-V3 fp8_tensor / fp8_block T=1 (2 ranges
+// of 224 tiles) 1.035 / 1.038, Mixtral fp8_tensor T=8 / 64 1.006 / 1.008.
 constexpr int kTma64Gemm2MaxSplits = 4;
 constexpr int kTma64Gemm2MinSlices = 8;
 constexpr int fused_moe_sm90_tma64_gemm2_splits(int64_t tk, int64_t E, int64_t n_tiles, int64_t k_slices) {
