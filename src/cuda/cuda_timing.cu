@@ -19,7 +19,7 @@
 // NOTE: the memset leaves the L2 full of dirty lines, which the timed replay then writes back to DRAM
 // as its reads evict them. Measured on the H200 (2026-12-01, docs/PERF.md tenth session) against a
 // flush that reads a second buffer after the memset (clean lines, untimed write-back): the fp8 fused
-// MoE at Mixtral / DeepSeek-V3 T=1..512 6-8 us faster, bf16 Mixtral T=1 16 us. Kept as is: the
+// MoE 5.8-7.4 us faster (Mixtral T=1..512, DeepSeek-V3 T=1 / 8), bf16 Mixtral T=1 16 us. Kept: the
 // peer's numbers in ANCHORS.md were taken the same way.
 #include <cuda_runtime.h>
 
