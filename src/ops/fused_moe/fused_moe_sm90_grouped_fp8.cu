@@ -56,6 +56,13 @@ Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) 
 
 // ---------------------------------------------------------------- quantizers (as the reference)
 // quant_rows_kernel, launch_quant_rows: fused_moe_sm90_grouped_fp8_quant.cuh.
+// Between the gemms (every tile shape): a's expert-ordered rows (f32, I wide) -> codes aq and one
+// scale per row in sa.
+Status launch_quant_a(const MoeDims& d, const Fp8Workspace& l, const int32_t* offsets, const float* a, uint8_t* aq,
+                      float* sa, cudaStream_t s) {
+  return launch_quant_rows(a, int64_t(d.I), nullptr, 1, offsets, int(d.E), int(d.I), nullptr, aq, sa, l.tk, s,
+                           "fused_moe_sm90_grouped_fp8 quant a");
+}
 
 // ---------------------------------------------------------------- the two GEMMs
 struct Fp8GemmArgs {
@@ -487,8 +494,7 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
                                                 "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
-  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E),
-                                           int(d.I), nullptr, aq, sa, l.tk, s, "fused_moe_sm90_grouped_fp8 quant a"));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s));
   return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
                                 "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
@@ -519,8 +525,7 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
                                               s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", m.ma1, m.mb1, g1,
                                               n_tiles1));
-  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, g1.offsets, int(d.E),
-                                           int(d.I), nullptr, aq, sa, l.tk, s, "fused_moe_sm90_grouped_fp8 quant a"));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s));
   return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kFp8RingThreads,
                               Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", m.ma2, m.mb2, g2,
                               n_tiles2);
@@ -569,9 +574,7 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
     MOEKIT_RETURN_IF_ERROR(launch_mma(fn1, dim3(unsigned(l.tiles_max), unsigned(n_tiles1)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm1 (BM 64)", g1, xq,
                                       static_cast<const uint8_t*>(p.w1.data)));
-    MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const float*>(a), int64_t(d.I), nullptr, 1, at(l.offsets),
-                                             int(d.E), int(d.I), nullptr, aq, sa, l.tk, s,
-                                             "fused_moe_sm90_grouped_fp8 quant a"));
+    MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, at(l.offsets), a, aq, sa, s));
     MOEKIT_RETURN_IF_ERROR(launch_mma(gemm2_fp8_mma_kernel, dim3(unsigned(l.tiles_max), unsigned(n_tiles2)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm2 (BM 64)", g2, aq,
                                       static_cast<const uint8_t*>(p.w2.data)));

@@ -126,18 +126,17 @@ constexpr int ws_smem_bytes() {
 }
 static_assert(ws_smem_bytes<WsSmem>() == kWsSmemBytes, "one formula");
 
-// The dynamic shared memory after the stages and the barriers (8-byte aligned): the extra_smem
-// bytes of launch_ws_kernel_extra, for the kernel's own use.
-__device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw) {
-  return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + kWsStages * kWsStageBytes + 2 * kWsStages * 8;
-}
-
-// The same for a ring of shape Sm (Fp8Ring's stages), and a barrier of the consumer warpgroups alone
-// (named barrier 1; the producer warpgroup takes no part).
+// The dynamic shared memory after a ring's stages and barriers (8-byte aligned; Sm: WsSmem, or an
+// Fp8Ring's Smem): the extra_smem bytes of launch_ws_kernel_extra, for the kernel's own use.
 template <class Sm>
 __device__ __forceinline__ unsigned char* ws_extra_smem_of(unsigned char* smem_raw) {
   return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8;
 }
+__device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw) {
+  return ws_extra_smem_of<WsSmem>(smem_raw);
+}
+
+// A barrier of the consumer warpgroups alone (named barrier 1; the producer warpgroup takes no part).
 __device__ __forceinline__ void ws_consumers_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWsConsumerWarps) : "memory");
 }
