@@ -137,34 +137,6 @@ TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   expect_matches_ref(prob);
 }
 
-// f16 x and out (every other test uses bf16): the 128-row tiles (T = 300 over 4 experts), the 64-row
-// mma.sync and 64 x 256 TMA tiles (T = 8, gemm2 in K ranges at I = 2048), the auto kernel at both ends,
-// per tensor and per row, and the router weight on the input.
-TEST(FusedMoeSm90GroupedFp8, F16Activations) {
-  SKIP_WITHOUT_KERNEL();
-  const char* bm64 = "fused_moe_sm90_grouped_fp8_row_bm64";
-  const char* tma64 = "fused_moe_sm90_grouped_fp8_row_tma64";
-  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
-    for (bool on_input : {false, true}) {
-      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      for (int64_t T : {300, 8, 1}) {
-        MoeShape shape = small_shape(sc, T, 4, on_input ? 1 : 2, 256, T == 8 ? 2048 : 256);
-        shape.weight_on_input = on_input;
-        MoeProblem prob = make(shape);
-        moe_test::to_f16_activations(&prob);
-        const std::vector<std::string> kernels =
-            T == 300 ? std::vector<std::string>{kRow, kAutoRow} : std::vector<std::string>{bm64, tma64, kAutoRow};
-        for (const std::string& k : kernels) {
-          SCOPED_TRACE(k + " T=" + std::to_string(T));
-          std::string twin = k;  // the kernel's _tkw1 twin: "_tkw1" after "_row"
-          twin.insert(twin.find("_row") + 4, "_tkw1");
-          moe_test::expect_fp8_cuda_matches_ref(prob, k.c_str(), twin.c_str());
-        }
-      }
-    }
-  }
-}
-
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
   const Kernel* k = registry().find(kRow);
   if (k == nullptr) GTEST_SKIP() << "not compiled in";
@@ -358,6 +330,33 @@ TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
   ASSERT_NE(k, nullptr);
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 512, 384), true);
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 384, 256), false);  // H % 256
+}
+
+// f16 x and out (every other test uses bf16): the 128-row tiles (T = 300 over 4 experts), the 64-row
+// mma.sync and 64 x 256 TMA tiles (T = 8, gemm2 in K ranges at I = 2048), the auto kernel at both ends,
+// per tensor and per row, and the router weight on the input.
+TEST(FusedMoeSm90GroupedFp8, F16Activations) {
+  SKIP_WITHOUT_KERNEL();
+  struct Pair {
+    const char *row, *tkw1;  // a kernel and its router-weight-on-input twin
+  };
+  const std::vector<Pair> tiles128 = {{kRow, kTkw1}, {kAutoRow, kAutoTkw1}};
+  const std::vector<Pair> tiles64 = {{kRow64, kTkw164}, {kRowT64, kTkw1T64}, {kAutoRow, kAutoTkw1}};
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      for (int64_t T : {300, 8, 1}) {
+        MoeShape shape = small_shape(sc, T, 4, on_input ? 1 : 2, 256, T == 8 ? 2048 : 256);
+        shape.weight_on_input = on_input;
+        MoeProblem prob = make(shape);
+        moe_test::to_f16_activations(&prob);
+        for (const Pair& k : T == 300 ? tiles128 : tiles64) {
+          SCOPED_TRACE(std::string(k.row) + " T=" + std::to_string(T));
+          moe_test::expect_fp8_cuda_matches_ref(prob, k.row, k.tkw1);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
