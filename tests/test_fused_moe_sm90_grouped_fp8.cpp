@@ -130,11 +130,16 @@ TEST(FusedMoeSm90GroupedFp8, G1U0GeluAndExpertMap) {
   expect_matches_ref(prob);
 }
 
+// T k = 120 and 160 rows: a quantized by its own amax pass, and (above kQuantFewRows rows) from the
+// row amaxes gemm1 found (Fp8GemmArgs::amax), also for rows of zeros (amax 0: the floor).
 TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   SKIP_WITHOUT_KERNEL();
-  MoeProblem prob = make(small_shape(Scheme::fp8_tensor, 60, 5, 2, 128, 128));
-  moe_test::set_zero_and_large_rows(&prob);
-  expect_matches_ref(prob);
+  for (int64_t T : {60, 80}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    MoeProblem prob = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 128, 128));
+    moe_test::set_zero_and_large_rows(&prob);
+    expect_matches_ref(prob);
+  }
 }
 
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
@@ -294,9 +299,11 @@ TEST(FusedMoeSm90GroupedFp8Tma64, ShapesAndEdges) {
   expect_tma64_matches_ref(fixed);
   MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 40, 10, 3, 256, 512);
   expect_tma64_matches_ref(g1u0);
-  MoeProblem zl = make(small_shape(Scheme::fp8_tensor, 12, 5, 2, 256, 128));
-  moe_test::set_zero_and_large_rows(&zl);
-  expect_tma64_matches_ref(zl);
+  for (int64_t T : {12, 80}) {  // 24 and 160 rows (gemm1's row amaxes, Fp8GemmArgs::amax)
+    MoeProblem zl = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 256, 128));
+    moe_test::set_zero_and_large_rows(&zl);
+    expect_tma64_matches_ref(zl);
+  }
   // gemm2 in K ranges (fused_moe_sm90_tma64_gemm2_splits): few rows, I = 4096 (32 K slices: 4 ranges
   // of 8) and 3328 (26: 3 ranges of 8, 9, 9), per tensor and per row, and with the weight on the input.
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {

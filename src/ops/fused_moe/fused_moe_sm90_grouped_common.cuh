@@ -88,6 +88,8 @@ struct RouteArgs {
   int32_t* num_tiles;       // [1] out: M tiles in use (a prefix of the list)
   int tk, E, Eg, tiles_max;
   int bm;                   // M tile rows (64 or 128)
+  int32_t* zero;            // [n_zero] out: zeros (gemm1's row amaxes of a, Fp8GemmArgs::amax), or nullptr
+  int n_zero;
 };
 
 __device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
@@ -103,6 +105,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   __shared__ int s_off[kMaxE + 1];
   __shared__ int s_toff[kMaxE + 1];
   const int tid = threadIdx.x;
+  for (int i = tid; i < a.n_zero; i += kRouteThreads) a.zero[i] = 0;
 
   // Global -> local table. Mask: local id = number of set entries before g (a set entry beyond E is
   // treated as remote); map: entries outside [-1, E) are remote; neither: identity.
@@ -287,6 +290,8 @@ inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int
 // The routing lists of the workspace (RouteArgs' outputs).
 struct RouteLists {
   int32_t *local, *offsets, *row_entry, *slot_row, *tile_expert, *tile_row0, *num_tiles;
+  int32_t* zero = nullptr;  // [n_zero] set to 0 (RouteArgs::zero)
+  int n_zero = 0;
 };
 
 // Launches route_kernel for p with bm-row M tiles (at most tiles_max) into `r`.
@@ -297,7 +302,7 @@ inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t
                p.expert_mask.present() ? p.expert_mask.ptr<const int32_t>() : nullptr,
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
                r.local, r.offsets, r.row_entry, r.slot_row, r.tile_expert, r.tile_row0, r.num_tiles,
-               int(tk), int(d.E), int(d.Eg), int(tiles_max), bm};
+               int(tk), int(d.E), int(d.Eg), int(tiles_max), bm, r.zero, r.n_zero};
   return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, s, what, ra);
 }
 

@@ -57,11 +57,11 @@ Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) 
 // ---------------------------------------------------------------- quantizers (as the reference)
 // quant_rows_kernel, launch_quant_rows: fused_moe_sm90_grouped_fp8_quant.cuh.
 // Between the gemms (every tile shape): a's expert-ordered rows (f32, I wide) -> codes aq and one
-// scale per row in sa.
+// scale per row in sa. amax_given: sa already holds each row's max |a| (the TMA gemm1s above kQuantFewRows rows).
 Status launch_quant_a(const MoeDims& d, const Fp8Workspace& l, const int32_t* offsets, const float* a, uint8_t* aq,
-                      float* sa, cudaStream_t s) {
+                      float* sa, cudaStream_t s, bool amax_given = false) {
   return launch_quant_rows(a, int64_t(d.I), nullptr, 1, offsets, int(d.E), int(d.I), nullptr, aq, sa, l.tk, s,
-                           "fused_moe_sm90_grouped_fp8 quant a");
+                           "fused_moe_sm90_grouped_fp8 quant a", amax_given);
 }
 
 // ---------------------------------------------------------------- the two GEMMs
@@ -79,7 +79,18 @@ struct Fp8GemmArgs {
   int H, I, splits;
   bool w_rows;                 // w_scale is per row
   bool weight_on_input;
+  float* amax = nullptr;       // gemm1: [Tk] zeroed by the routing; each row's max |a| (atomicMax on the
+                               // f32 bits, exact in any order) for quant_rows_kernel's amax_given
 };
+
+// Adds the lane's max |a| of its row (m >= 0, never NaN: fmaxf chains) to amax[row]: the 4 lanes of a
+// quad hold the same row (wgmma / mma accumulator layout) and all call this, or none of them does.
+__device__ __forceinline__ void row_amax_add(float* amax, int row, float m, int lane) {
+  const unsigned quad = 0xFu << (lane & 28);
+  m = fmaxf(m, __shfl_xor_sync(quad, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(quad, m, 2));
+  if ((lane & 3) == 0) atomicMax(reinterpret_cast<unsigned int*>(amax + row), __float_as_uint(m));
+}
 
 // The weight scales of columns n and n + 1 of expert e (N scales per expert when per row; ws_e,
 // p.w_scale[e] loaded once by the caller, when per tensor). The BM 64 epilogues load theirs before
@@ -157,6 +168,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           const float sx = p.row_scale[row];
           const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
           float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+          float m = 0.0f;  // max |a| of the lane's values of the row (p.amax)
           if constexpr (G1U1) {
 #pragma unroll
             for (int j = 0; j < kWgNT / 2; ++j) {
@@ -165,7 +177,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               const float2 wg = ws(8 * j + c0), wu = ws(kWsScaleCols / 2 + 8 * j + c0);
               const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
               const float u0 = u[0] * sx * wu.x * w, u1 = u[1] * sx * wu.y * w;
-              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+              const float2 v = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+              *reinterpret_cast<float2*>(orow + 8 * j) = v;
+              m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
             }
           } else {
 #pragma unroll
@@ -174,9 +188,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               const float* g = &acc.v[0][j][2 * h];
               const float2 wg = ws(8 * j + c0);
               const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
-              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0), act<A>(g1));
+              const float2 v = make_float2(act<A>(g0), act<A>(g1));
+              *reinterpret_cast<float2*>(orow + 8 * j) = v;
+              m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
             }
           }
+          if (p.amax != nullptr) row_amax_add(p.amax, row, m, lane);
         }
       });
 }
@@ -408,6 +425,7 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
           if (r0 + 8 * h >= nrows) continue;
           const float s = sx[h], w = wr[h];
           float* orow = p.out + int64_t(row0 + r0 + 8 * h) * p.I + i0 + c0;
+          float m = 0.0f;  // max |a| of the lane's values of the row (p.amax)
           if constexpr (G1U1) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -415,16 +433,21 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
               const float* u = &acc[j + 8][2 * h];
               const float g0 = g[0] * s * wg_s[j].x * w, g1 = g[1] * s * wg_s[j].y * w;
               const float u0 = u[0] * s * wu_s[j].x * w, u1 = u[1] * s * wu_s[j].y * w;
-              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+              const float2 v = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
+              *reinterpret_cast<float2*>(orow + 8 * j) = v;
+              m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
             }
           } else {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
               const float* g = &acc[j][2 * h];
               const float g0 = g[0] * s * wg_s[j].x * w, g1 = g[1] * s * wg_s[j].y * w;
-              *reinterpret_cast<float2*>(orow + 8 * j) = make_float2(act<A>(g0), act<A>(g1));
+              const float2 v = make_float2(act<A>(g0), act<A>(g1));
+              *reinterpret_cast<float2*>(orow + 8 * j) = v;
+              m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
             }
           }
+          if (p.amax != nullptr) row_amax_add(p.amax, row0 + r0 + 8 * h, m, lane);
         }
       });
 }
@@ -494,7 +517,7 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
                                                 "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
-  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s, g1.amax != nullptr));
   return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
                                 "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
@@ -525,7 +548,7 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_pdl(fn1, grid(l.tiles_max * n_tiles1), kFp8RingThreads, Ring64::kSmemBytes,
                                               s, "fused_moe_sm90_grouped_fp8 gemm1 (tma64)", m.ma1, m.mb1, g1,
                                               n_tiles1));
-  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s, g1.amax != nullptr));
   return launch_ws_kernel_pdl(gemm2_fp8_row64_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kFp8RingThreads,
                               Ring64::kSmemBytes, s, "fused_moe_sm90_grouped_fp8 gemm2 (tma64)", m.ma2, m.mb2, g2,
                               n_tiles2);
@@ -547,9 +570,14 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   auto* y = reinterpret_cast<float*>(base + l.y);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
 
+  // Where the quantizer of a takes the two-pass shape (more than kQuantFewRows rows), the TMA gemm1s
+  // find each row's amax (Fp8GemmArgs::amax, in sa, zeroed by the routing) and it reads a once.
+  const bool amax_in_gemm1 = (bm == 128 || tma64) && l.tk > kQuantFewRows;
   MOEKIT_RETURN_IF_ERROR(launch_route(p,
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
-                                       at(l.tile_row0), at(l.num_tiles)},
+                                       at(l.tile_row0), at(l.num_tiles),
+                                       amax_in_gemm1 ? reinterpret_cast<int32_t*>(sa) : nullptr,
+                                       amax_in_gemm1 ? int(l.tk) : 0},
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
@@ -560,7 +588,7 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
   Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
                  p.topk_weights.ptr<const float>(), sx, p.w1_scale.ptr<const float>(), a, 0, int(d.H), int(d.I), 1,
-                 w1_rows, p.weight_on_input};
+                 w1_rows, p.weight_on_input, amax_in_gemm1 ? sa : nullptr};
   Fp8GemmArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
                  p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
                  int(d.I), l.splits, w2_rows, false};

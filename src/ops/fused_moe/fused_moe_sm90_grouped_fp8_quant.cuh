@@ -47,10 +47,12 @@ __device__ __forceinline__ const S* quant_src_row(const S* src, int64_t ld, cons
 
 // Per row: one scale s[r] (or *fixed, a static scale). n % 8 == 0, rows 16-byte aligned. kC: chunks
 // a thread holds (0: none, two passes over the row, kQuantManyThreads threads).
+// amax_given: scale[r] holds the row's amax on entry (max |v|, NaN ignored as fmaxf does; written
+// by the gemm before, Fp8GemmArgs::amax): no amax pass, one read of the row.
 template <class S, int kC>
 __global__ void __launch_bounds__(kC > 0 ? kQuantMaxThreads : kQuantManyThreads)
     quant_rows_kernel(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E, int n,
-                      const float* fixed, uint8_t* q, float* scale) {
+                      const float* fixed, uint8_t* q, float* scale, bool amax_given) {
   wait_for_predecessor();
   const int r = blockIdx.x;
   if (r >= offsets[E]) return;
@@ -76,6 +78,9 @@ __global__ void __launch_bounds__(kC > 0 ? kQuantMaxThreads : kQuantManyThreads)
   float s;
   if (fixed != nullptr) {
     s = *fixed;
+  } else if (amax_given) {
+    s = e4m3fn_scale_of(scale[r]);
+    __syncthreads();  // every thread has read the amax before thread 0 overwrites it with s
   } else {
     float amax = 0.0f;
     if (held) {
@@ -167,13 +172,13 @@ inline unsigned quant_warps_threads(int64_t t) {
 template <class S>
 Status launch_quant_rows(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
                          int n, const float* fixed, uint8_t* q, float* scale, int64_t rows, cudaStream_t s,
-                         const char* what) {
+                         const char* what, bool amax_given = false) {
   if (rows <= kQuantFewRows && n / 8 > kQuantManyThreads) {
     return launch_pdl(quant_rows_kernel<S, 2>, dim3(unsigned(rows)), dim3(quant_warps_threads(n / 8)), 0, s, what,
-                      src, ld, row_entry, k, offsets, E, n, fixed, q, scale);
+                      src, ld, row_entry, k, offsets, E, n, fixed, q, scale, amax_given);
   }
   return launch_pdl(quant_rows_kernel<S, 0>, dim3(unsigned(rows)), dim3(kQuantManyThreads), 0, s, what, src, ld,
-                    row_entry, k, offsets, E, n, fixed, q, scale);
+                    row_entry, k, offsets, E, n, fixed, q, scale, amax_given);
 }
 template <class S>
 Status launch_quant_groups(const S* src, int64_t ld, const int32_t* row_entry, int k, const int32_t* offsets, int E,
