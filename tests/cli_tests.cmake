@@ -47,6 +47,7 @@ moekit_cli_usage_error(bench_unknown_model --model bench --op topk_softmax --mod
 moekit_cli_usage_error(bench_ep_needs_fused_moe --ep bench --op topk_softmax --ep 2)
 moekit_cli_usage_error(bench_zero_tokens --tokens bench --op topk_softmax --tokens 0)
 moekit_cli_usage_error(bench_zero_iters --iters bench --op topk_softmax --iters 0)
+moekit_cli_usage_error(bench_bad_l2 --l2 bench --op topk_softmax --l2 warm)
 moekit_cli_usage_error(bench_bad_peak --peak-gbps bench --op topk_softmax --peak-gbps -5)
 moekit_cli_usage_error(bench_unknown_kernel --kernel bench --op fused_moe --kernel fused_moe_sm90)
 moekit_cli_usage_error(bench_kernel_of_other_op --kernel bench --op topk_softmax --backend ref --kernel topk_softmax_ref,fused_moe_ref)

@@ -317,23 +317,29 @@ TEST(MoeBaselineCublas, TimeGraphEmptyLaunchAndErrors) {
   ASSERT_NE(ops->time_graph, nullptr);
   std::vector<double> us;
   // Nothing enqueued (what a T = 0 op captures): an empty graph still replays.
-  Status st = ops->time_graph([](void*, int) { return Status::Ok(); }, 3, 1, 4, true, "empty", &us);
+  Status st = ops->time_graph([](void*, int) { return Status::Ok(); }, 3, 1, 4, L2Flush::write, "empty", &us);
   EXPECT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(us.size(), 4u);
+  // The clean flush (memset, then a read of a second buffer) as well; samples stay finite.
+  us.clear();
+  st = ops->time_graph([](void*, int) { return Status::Ok(); }, 2, 1, 3, L2Flush::clean, "empty_clean", &us);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(us.size(), 3u);
+  for (double v : us) EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;
   // The launch's own error is returned with the op's name.
   us.clear();
-  st = ops->time_graph([](void*, int) { return InvalidArgument("x: bad"); }, 1, 1, 4, false, "failing_op", &us);
+  st = ops->time_graph([](void*, int) { return InvalidArgument("x: bad"); }, 1, 1, 4, L2Flush::none, "failing_op", &us);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("failing_op"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("x: bad"), std::string::npos) << st.message();
   // A launch that synchronises is fine eagerly but breaks capture: a clear error naming the op.
   us.clear();
-  st = ops->time_graph([&](void*, int) { return ops->synchronize(); }, 1, 1, 4, false, "syncing_op", &us);
+  st = ops->time_graph([&](void*, int) { return ops->synchronize(); }, 1, 1, 4, L2Flush::none, "syncing_op", &us);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("syncing_op"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("capture"), std::string::npos) << st.message();
   // Bad arguments.
-  st = ops->time_graph([](void*, int) { return Status::Ok(); }, 0, 1, 4, false, "zero_sets", &us);
+  st = ops->time_graph([](void*, int) { return Status::Ok(); }, 0, 1, 4, L2Flush::none, "zero_sets", &us);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("sets"), std::string::npos) << st.message();
   // The device is usable afterwards (the failed capture left no sticky error).
@@ -390,7 +396,7 @@ TEST(MoeBaselineCublas, BenchHookDevicePathEndToEnd) {
   EXPECT_GT(p->bytes, 0);
   std::vector<double> us;
   st = registry().device_ops(Backend::cuda)->time_graph([&](void* s, int set) { return p->launch(s, set); },
-                                                       p->sets, 1, 5, true, kernel->name, &us);
+                                                       p->sets, 1, 5, L2Flush::write, kernel->name, &us);
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(us.size(), 5u);
   double base = 0;

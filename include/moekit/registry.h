@@ -100,6 +100,13 @@ Status erase_run(const void* p, const RunContext& ctx) {
 // and tests move data and time device work without including device headers. All synchronous
 // unless stated: copy_to_device's data is on the device for every stream when it returns;
 // copy_to_host does not wait for work on other streams (synchronize them first).
+// What DeviceOps::time_graph does to the device's L2 before each timed replay (docs/cli.md, "How CUDA
+// rows are measured"): none; write: a write of max(2 x L2, 128 MiB) of scratch (evicts every line the
+// previous replay left, and leaves the L2 full of dirty lines that the replay then writes back, as the
+// peer's harness does); clean: that write, then a read of a second buffer of the same size, so the
+// replay starts with clean lines (no write-back in the timed region).
+enum class L2Flush : uint8_t { none, write, clean };
+
 struct DeviceOps {
   Status (*alloc)(size_t bytes, void** out);
   void (*free)(void* p);
@@ -113,12 +120,12 @@ struct DeviceOps {
   // measured"). Runs launch(stream, s) once per input set s in [0, sets) eagerly (errors surface
   // outside capture), captures each into a graph on a non-default stream, replays every graph
   // `warmup` times, then takes `iters` samples: replay i uses graph i % sets, preceded (outside the
-  // timed region) by a write of max(2 x L2, 128 MiB) of scratch when flush_l2. Each sample is the
+  // timed region) by the L2 flush `flush` (L2Flush). Each sample is the
   // event-timed duration of one replay in microseconds; all are appended to *us in order. launch
   // must enqueue work only on `stream` (a cudaStream_t), without synchronising or allocating; a
   // capture failure is an error naming `what` (the op / kernel) and the input set.
   Status (*time_graph)(const std::function<Status(void* stream, int set)>& launch, int sets, int warmup,
-                       int iters, bool flush_l2, const char* what, std::vector<double>* us);
+                       int iters, L2Flush flush, const char* what, std::vector<double>* us);
 };
 
 class Registry {

@@ -7,7 +7,7 @@
 // (first-use initialisation such as module loading or cuBLAS heuristics happens outside capture,
 // and a kernel error is reported as such, not as a capture failure); one graph per set captured in
 // cudaStreamCaptureModeThreadLocal; warm-up replays; then every sample enqueued back to back:
-//   [memset of the flush buffer]  event start  graph replay  event stop
+//   [memset of the flush buffer  [read of the second buffer]]  event start  graph replay  event stop
 // with one pair of events per sample and a single synchronisation at the end, so the host never
 // waits between samples and the launch latency of the replay is hidden behind the flush (the GPU
 // queue stays full). Sample = cudaEventElapsedTime(start, stop).
@@ -19,8 +19,9 @@
 // NOTE: the memset leaves the L2 full of dirty lines, which the timed replay then writes back to DRAM
 // as its reads evict them. Measured on the H200 (2026-12-01, docs/PERF.md tenth session) against a
 // flush that reads a second buffer after the memset (clean lines, untimed write-back): the fp8 fused
-// MoE 5.8-7.4 us faster (Mixtral T=1..512, DeepSeek-V3 T=1 / 8), bf16 Mixtral T=1 16 us. Kept: the
-// peer's numbers in ANCHORS.md were taken the same way.
+// MoE 5.8-7.4 us faster (Mixtral T=1..512, DeepSeek-V3 T=1 / 8), bf16 Mixtral T=1 16 us. Kept as is:
+// the peer's numbers in ANCHORS.md were taken the same way. L2Flush::clean (`moekit bench --l2 clean`)
+// adds that read (read_all_kernel), outside the timed region.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,12 +34,25 @@ namespace moekit::cuda {
 
 namespace {
 
+// L2Flush::clean: reads n int4 of p (grid-stride), so the L2 holds clean lines of p; the XOR of the
+// values goes to *sink only if it equals an unlikely constant (the loads cannot be dropped).
+__global__ void read_all_kernel(const int4* p, size_t n, int* sink) {
+  int x = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int4 v = p[i];
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x7f123456) *sink = x;
+}
+constexpr unsigned kReadAllBlocks = 528, kReadAllThreads = 512;
+
 constexpr size_t kMinFlushBytes = size_t(128) << 20;
 
 // Owns everything one time_graph call creates; the destructor releases it on every path.
 struct TimingResources {
   cudaStream_t stream = nullptr;
   void* flush = nullptr;
+  void* flush2 = nullptr;  // L2Flush::clean: the buffer read after the memset (+ 16 bytes: the sink)
   std::vector<cudaGraph_t> graphs;
   std::vector<cudaGraphExec_t> execs;
   std::vector<cudaEvent_t> events;
@@ -48,6 +62,7 @@ struct TimingResources {
     for (cudaGraphExec_t x : execs) cudaGraphExecDestroy(x);
     for (cudaGraph_t g : graphs) cudaGraphDestroy(g);
     if (flush != nullptr) cudaFree(flush);
+    if (flush2 != nullptr) cudaFree(flush2);
     if (stream != nullptr) cudaStreamDestroy(stream);
     // NOTE: a failed capture (an op that synchronises) leaves a non-sticky error behind; clear it
     // so it is not reported by the next, unrelated launch check. The failure itself was returned.
@@ -73,7 +88,7 @@ double median_of(std::vector<double> v) {
 }
 
 Status time_graph(const std::function<Status(void* stream, int set)>& launch, int sets, int warmup, int iters,
-                  bool flush_l2, const char* what, std::vector<double>* us) {
+                  L2Flush flush, const char* what, std::vector<double>* us) {
   const char* name = what != nullptr ? what : "device op";
   if (sets < 1) return InvalidArgument("time_graph (", name, "): sets must be >= 1, got ", sets);
   if (iters < 1) return InvalidArgument("time_graph (", name, "): iters must be >= 1, got ", iters);
@@ -83,8 +98,14 @@ Status time_graph(const std::function<Status(void* stream, int set)>& launch, in
 
   TimingResources r;
   MOEKIT_RETURN_IF_ERROR(check_cuda(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  const bool flush_l2 = flush != L2Flush::none;
   const size_t fbytes = flush_l2 ? flush_bytes() : 0;
   if (flush_l2) MOEKIT_RETURN_IF_ERROR(check_cuda(cudaMalloc(&r.flush, fbytes), "cudaMalloc (L2 flush buffer)"));
+  if (flush == L2Flush::clean) {
+    MOEKIT_RETURN_IF_ERROR(check_cuda(cudaMalloc(&r.flush2, fbytes + 16), "cudaMalloc (L2 clean-flush buffer)"));
+    MOEKIT_RETURN_IF_ERROR(
+        check_cuda(cudaMemsetAsync(r.flush2, 0, fbytes + 16, r.stream), "cudaMemsetAsync (L2 clean-flush buffer)"));
+  }
 
   // Eager run of every set: the op's own errors, and one-time initialisation, before capture.
   for (int s = 0; s < sets; ++s) {
@@ -128,6 +149,11 @@ Status time_graph(const std::function<Status(void* stream, int set)>& launch, in
   for (int i = 0; i < iters; ++i) {
     if (flush_l2) {
       MOEKIT_RETURN_IF_ERROR(check_cuda(cudaMemsetAsync(r.flush, i & 0xFF, fbytes, r.stream), "cudaMemsetAsync (L2 flush)"));
+      if (flush == L2Flush::clean) {
+        read_all_kernel<<<kReadAllBlocks, kReadAllThreads, 0, r.stream>>>(
+            static_cast<const int4*>(r.flush2), fbytes / 16, reinterpret_cast<int*>(static_cast<char*>(r.flush2) + fbytes));
+        MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetLastError(), "read_all_kernel (L2 clean flush)"));
+      }
     }
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaEventRecord(r.events[size_t(2 * i)], r.stream), "cudaEventRecord"));
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGraphLaunch(r.execs[size_t(i % sets)], r.stream), "cudaGraphLaunch"));

@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "moekit/core/status.h"
+#include "moekit/registry.h"
 
 namespace moekit::cuda {
 
 // See DeviceOps::time_graph in moekit/registry.h for the contract.
 Status time_graph(const std::function<Status(void* stream, int set)>& launch, int sets, int warmup, int iters,
-                  bool flush_l2, const char* what, std::vector<double>* us);
+                  L2Flush flush, const char* what, std::vector<double>* us);
 
 // Median of the samples (the upper median for an even count); NAN when empty.
 double median_of(std::vector<double> v);

@@ -266,7 +266,7 @@ Status time_moe_baseline_cublas(const std::vector<FusedMoeParams>& device_sets, 
   std::vector<double> samples;
   MOEKIT_RETURN_IF_ERROR(time_graph(
       [&](void* stream, int set) { return b.enqueue(device_sets[size_t(set)], static_cast<cudaStream_t>(stream)); },
-      int(device_sets.size()), warmup, iters, /*flush_l2=*/true, "moe_baseline_cublas", &samples));
+      int(device_sets.size()), warmup, iters, L2Flush::write, "moe_baseline_cublas", &samples));
   if (median_us != nullptr) *median_us = median_of(samples);
   if (us != nullptr) *us = std::move(samples);
   return Status::Ok();

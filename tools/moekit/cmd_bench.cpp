@@ -38,6 +38,7 @@ using Clock = std::chrono::steady_clock;
 struct TimingPlan {
   int64_t iters = 0;   // fixed number of samples (0 = adaptive: >= 30 samples and >= 0.2 s)
   int64_t warmup = 3;  // untimed runs before the first sample
+  L2Flush l2 = L2Flush::write;  // CUDA rows: --l2 flushed (write) | clean
 };
 
 struct Row {
@@ -180,7 +181,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   const int warmup = int(std::max<int64_t>(1, plan.warmup));
   std::vector<double> us;
   s = ops->time_graph([&](void* stream, int set) { return p->launch(stream, set); }, p->sets, warmup, iters,
-                      /*flush_l2=*/true, k.name, &us);
+                      plan.l2, k.name, &us);
   if (!s.ok() || us.empty()) {
     row->status = "error";
     row->reason = s.ok() ? "time_graph returned no sample" : s.to_string();
@@ -191,7 +192,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   row->samples = int64_t(us.size());
   row->batch = 1;
   row->copies = p->sets;
-  row->cache = "flushed";
+  row->cache = plan.l2 == L2Flush::clean ? "flushed-clean" : "flushed";
   row->kernel_chosen = p->kernel_chosen;
   if (k.op != OpKind::fused_moe) return;
   auto it = baselines->find(row->shape);
@@ -294,6 +295,10 @@ int run_bench(const BenchArgs& a) {
   if (s.ok()) s = parse_problem_set(a.shape, 1, &problems);
   if (s.ok() && !a.iters.empty()) s = parse_int("--iters", a.iters, 1, 1000000, &plan.iters);
   if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
+  if (s.ok() && a.l2 != "flushed") {
+    if (a.l2 != "clean") s = InvalidArgument("--l2: must be flushed or clean, got '", a.l2, "'");
+    plan.l2 = L2Flush::clean;
+  }
   if (s.ok() && !a.peak_gbps.empty()) s = parse_positive("--peak-gbps", a.peak_gbps, &peak_gbps);
   if (s.ok() && !a.peak_gflops.empty()) s = parse_positive("--peak-gflops", a.peak_gflops, &peak_gflops);
   Backend compare = Backend::ref;
@@ -358,10 +363,11 @@ int run_bench(const BenchArgs& a) {
   }
   if (cuda_rows) {
     const DeviceOps* dev = registry().device_ops(Backend::cuda);
-    std::fprintf(notes, "device: %s; CUDA rows: median of %d CUDA-graph replays (L2 flushed before each, "
+    std::fprintf(notes, "device: %s; CUDA rows: median of %d CUDA-graph replays (L2 flushed before each%s, "
                         "rotating input sets), fused_moe also vs the unfused cuBLAS baseline\n",
                  dev != nullptr && dev->describe != nullptr ? dev->describe().c_str() : "unknown",
-                 plan.iters > 0 ? int(plan.iters) : kDeviceIters);
+                 plan.iters > 0 ? int(plan.iters) : kDeviceIters,
+                 plan.l2 == L2Flush::clean ? ", then a read: clean lines" : "");
     const Floors d = device_floors(testing::Scheme::bf16), d8 = device_floors(testing::Scheme::fp8_block);
     std::fprintf(notes, "cuda: %g GB/s (%s), %g / %g GFLOP/s bf16 / fp8%s\n", peak_gbps > 0 ? peak_gbps : d.gbps.value,
                  peak_gbps > 0 ? "--peak-gbps" : d.gbps.how.c_str(), peak_gflops > 0 ? peak_gflops : d.gflops.value,

@@ -55,6 +55,7 @@ struct BenchArgs {
   ShapeFlags shape;
   std::string iters;            // --iters N: timed samples (empty: adaptive, see docs/cli.md)
   std::string warmup;           // --warmup N
+  std::string l2 = "flushed";   // --l2 flushed|clean: the L2 flush before each CUDA replay (L2Flush)
   std::string peak_gbps;        // --peak-gbps X: overrides the measured memory bandwidth
   std::string peak_gflops;      // --peak-gflops Y: overrides the measured arithmetic rate
   std::string compare;          // --compare BACKEND: also time that backend's kernel on each problem

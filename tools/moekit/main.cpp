@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
       "Timed samples (default: >= 30 and >= 0.2 s, see docs/cli.md)")
       ->type_name("N");
   bench_cmd->add_option("--warmup", bench.warmup, "Untimed warm-up runs (default: 3)")->type_name("N");
+  bench_cmd->add_option("--l2", bench.l2,
+      "CUDA rows: the L2 before each replay: flushed (a 2 x L2 write, the dirty lines written back during "
+      "the replay, as ANCHORS.md's peer was timed) or clean (that write, then a read: no write-back timed); "
+      "default flushed")
+      ->type_name("MODE");
   bench_cmd->add_option("--peak-gbps", bench.peak_gbps,
       "Memory bandwidth for the floor, GB/s (default: measured)")
       ->type_name("X");
