@@ -59,8 +59,9 @@ struct TimingResources {
   ~TimingResources() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
-    for (cudaGraphExec_t x : execs) cudaGraphExecDestroy(x);
-    for (cudaGraph_t g : graphs) cudaGraphDestroy(g);
+    // Only what was created: a capture that failed leaves null entries (destroying one is an API error).
+    for (cudaGraphExec_t x : execs) if (x != nullptr) cudaGraphExecDestroy(x);
+    for (cudaGraph_t g : graphs) if (g != nullptr) cudaGraphDestroy(g);
     if (flush != nullptr) cudaFree(flush);
     if (flush2 != nullptr) cudaFree(flush2);
     if (stream != nullptr) cudaStreamDestroy(stream);
