@@ -49,9 +49,14 @@ constexpr uint32_t kWsStageBytes = kWsABytes + 2 * kWsBHalfBytes;  // 48 KiB
 // Dynamic shared memory: alignment slack + the stages + 2 kWsStages mbarriers.
 constexpr int kWsSmemBytes = int(kSw128AtomBytes + kWsStages * kWsStageBytes + 2 * kWsStages * 8);
 static_assert(kWsSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
-// M tiles per raster group (ws_tile). NOTE: 16 measured 2% faster at Mixtral T=512 and 1-4%
-// slower at T=4096 (Mixtral, Qwen3) than 8 on the H200.
+// M tiles per raster group (ws_tile); a work list of at most kWsOneGroupM M tiles is one group.
+// NOTE: groups of 16 for every list measured 2% faster at Mixtral T=512 (12 M tiles) and 1-4% slower
+// at T=4096 (Mixtral, Qwen3: 64 M tiles) than 8 on the H200. One group up to 16 M tiles (H200,
+// 2026-12-02, docs/PERF.md eleventh session, median of 3 rounds against groups of 8): Mixtral
+// fp8_tensor / fp8_channel T=512 0.958 / 0.958, bf16 T=512 0.972, fp8_tensor T=256 1.000 (8 M
+// tiles either way); up to 32 was no better at T=512 and within the noise of that run at T=1024-4096.
 constexpr int kWsGroupM = 8;
+constexpr int kWsOneGroupM = 16;
 
 // ---------------------------------------------------------------- mbarrier / TMA wrappers
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -97,10 +102,11 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 // tiles (about one expert at large T); inside a group the M tile varies fastest, so the CTAs of one
 // wave share the B (weight) tiles of a few N tiles and the A rows of a few M tiles in L2.
 __device__ __forceinline__ void ws_tile(int t, int num_m, int n_tiles, int& m, int& n) {
-  const int per_group = kWsGroupM * n_tiles;
+  const int gm = num_m <= kWsOneGroupM ? num_m : kWsGroupM;
+  const int per_group = gm * n_tiles;
   const int g = t / per_group, r = t - g * per_group;
-  const int mg = min(kWsGroupM, num_m - g * kWsGroupM);
-  m = g * kWsGroupM + r % mg;
+  const int mg = min(gm, num_m - g * gm);
+  m = g * gm + r % mg;
   n = r / mg;
 }
 
