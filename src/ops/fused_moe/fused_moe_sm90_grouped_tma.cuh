@@ -42,6 +42,10 @@ namespace moekit::cuda::grouped {
 
 constexpr int kWsStages = 4;                       // K slices in flight
 constexpr int kWsConsumerWarps = 8;                // two warpgroups
+// NOTE: three consumer warpgroups (192 x 256 tiles: an expert of 129..192 rows read once per N tile,
+// branch m192) do not build: with 416 or 512 threads ptxas compiles the whole kernel for 152 or 128
+// registers (setmaxnreg moves registers at run time only) and the m64n256 wgmma with its 128
+// accumulators needs 154 (docs/PERF.md, eleventh session).
 constexpr int kWsThreads = 32 * (kWsConsumerWarps + 1);
 constexpr uint32_t kWsABytes = 128 * kBK * 2;      // 16 KiB
 constexpr uint32_t kWsBHalfBytes = 128 * kBK * 2;  // one 128-row B box
