@@ -9,7 +9,8 @@
 // mma.sync e4m3): edge cases, presets at decode-sized T, several 64-row tiles per expert with tails,
 // the router weight on the input, a static scale, g1u0 with gelu and an expert map, zero / large rows.
 // Suite FusedMoeSm90GroupedFp8Tma64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_tma64 (64 x 256
-// tiles on TMA + QGMMA; H % 256 == 0).
+// tiles on TMA + QGMMA; H % 256 == 0). Suite FusedMoeSm90GroupedFp8M192: the same for
+// fused_moe_sm90_grouped_fp8_row(_tkw1)_m192 (192 x 256 tiles, three consumer warpgroups).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'  (Bm64 included)
 #include <gtest/gtest.h>
@@ -339,7 +340,81 @@ TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
   moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
-// f16 x and out (every other test uses bf16): the 128-row tiles (T = 300 over 4 experts), the 64-row
+// ---- 192 x 256 tiles (fused_moe_sm90_grouped_fp8_row(_tkw1)_m192: three consumer warpgroups)
+constexpr const char* kRowM192 = "fused_moe_sm90_grouped_fp8_row_m192";
+constexpr const char* kTkw1M192 = "fused_moe_sm90_grouped_fp8_row_tkw1_m192";
+
+#define SKIP_WITHOUT_M192()                                                \
+  do {                                                                     \
+    const std::string why = moe_test::cuda_kernel_unavailable(kRowM192);   \
+    if (!why.empty()) GTEST_SKIP() << why;                                 \
+  } while (0)
+
+void expect_m192_matches_ref(MoeProblem& prob, MoeCompare c = MoeCompare::kernel_vs_ref) {
+  moe_test::expect_fp8_cuda_matches_ref(prob, kRowM192, kTkw1M192, c);
+}
+
+TEST(FusedMoeSm90GroupedFp8M192, EdgeCasesPerTensorPerRowAndWeightOnInput) {
+  SKIP_WITHOUT_M192();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
+                                       kRowM192, kTkw1M192, may_skip);
+    }
+  }
+}
+
+// Experts with 64, 65, 128, 129, 192 and 193 rows (the warpgroup cuts, one and two 192-row tiles;
+// H = 512: 4 K slices, I = 384: 3 gemm1 N tiles), then 1 and 385 rows and an empty expert (three
+// tiles, the last with one row).
+TEST(FusedMoeSm90GroupedFp8M192, RowCountsAndTailTiles) {
+  SKIP_WITHOUT_M192();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem widths = make(small_shape(sc, 771, 6, 1, 512, 384));
+    moe_test::assign_expert_rows(&widths, {64, 65, 128, 129, 192, 193});
+    expect_m192_matches_ref(widths);
+    MoeProblem tails = make(small_shape(sc, 386, 3, 1, 256, 256));
+    moe_test::assign_expert_rows(&tails, {1, 385});
+    expect_m192_matches_ref(tails);
+  }
+}
+
+// Long K loops (gemm1 over H = 4096, gemm2 over I = 4096; kernel_tc_vs_ref as LongK above), gemm2 in
+// two K ranges (I = 1024), the router weight on the input, a static activation scale, g1u0 gelu with
+// an expert map, rows of zeros and large values at T k = 120 and 160 (gemm1's row amaxes above
+// kQuantFewRows rows).
+TEST(FusedMoeSm90GroupedFp8M192, ShapesAndEdges) {
+  SKIP_WITHOUT_M192();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem gate_up = make(small_shape(sc, 200, 3, 2, 4096, 256));
+    expect_m192_matches_ref(gate_up, MoeCompare::kernel_tc_vs_ref);
+    MoeProblem down = make(small_shape(sc, 200, 3, 2, 256, 4096));
+    expect_m192_matches_ref(down, MoeCompare::kernel_tc_vs_ref);
+  }
+  MoeProblem split = make(small_shape(Scheme::fp8_channel, 451, 6, 1, 384, 1024));
+  moe_test::assign_expert_rows(&split, {64, 65, 1, 192, 129});
+  expect_m192_matches_ref(split);
+  MoeShape on_input = small_shape(Scheme::fp8_channel, 300, 4, 1, 256, 384);
+  on_input.weight_on_input = true;
+  MoeProblem tkw1 = make(on_input);
+  expect_m192_matches_ref(tkw1);
+  MoeProblemOptions o;
+  o.static_a1_scale = true;
+  MoeProblem fixed = make(small_shape(Scheme::fp8_channel, 90, 6, 2, 128, 256), o);
+  expect_m192_matches_ref(fixed);
+  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 130, 10, 3, 256, 384);
+  expect_m192_matches_ref(g1u0);
+  for (int64_t T : {60, 80}) {
+    MoeProblem zl = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 128, 128));
+    moe_test::set_zero_and_large_rows(&zl);
+    expect_m192_matches_ref(zl);
+  }
+}
+
+// f16 x and out (every other test uses bf16): the 128- and 192-row tiles (T = 300 over 4 experts), the 64-row
 // mma.sync and 64 x 256 TMA tiles (T = 8, gemm2 in K ranges at I = 2048), the auto kernel at both ends,
 // per tensor and per row, and the router weight on the input.
 TEST(FusedMoeSm90GroupedFp8, F16Activations) {
@@ -347,7 +422,7 @@ TEST(FusedMoeSm90GroupedFp8, F16Activations) {
   struct Pair {
     const char *row, *tkw1;  // a kernel and its router-weight-on-input twin
   };
-  const std::vector<Pair> tiles128 = {{kRow, kTkw1}, {kAutoRow, kAutoTkw1}};
+  const std::vector<Pair> tiles128 = {{kRow, kTkw1}, {kRowM192, kTkw1M192}, {kAutoRow, kAutoTkw1}};
   const std::vector<Pair> tiles64 = {{kRow64, kTkw164}, {kRowT64, kTkw1T64}, {kAutoRow, kAutoTkw1}};
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {

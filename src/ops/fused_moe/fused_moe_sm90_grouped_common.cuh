@@ -87,7 +87,7 @@ struct RouteArgs {
   int32_t* tile_row0;       // [tiles_max] out: first row of each M tile
   int32_t* num_tiles;       // [1] out: M tiles in use (a prefix of the list)
   int tk, E, Eg, tiles_max;
-  int bm;                   // M tile rows (64 or 128)
+  int bm;                   // M tile rows (64, 128 or 192)
   int32_t* zero;            // [n_zero] out: zeros (gemm1's row amaxes of a, Fp8GemmArgs::amax), or nullptr
   int n_zero;
 };

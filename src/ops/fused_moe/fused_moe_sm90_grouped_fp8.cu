@@ -38,20 +38,25 @@ namespace {
 
 constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
 
+// The dynamic shared memory of every kernel below (each redeclares it), declared here first so that
+// its 1024-byte alignment, which the TMA swizzle needs, is the one the compiler assumes in all of them
+// (the first declaration's alignment wins; the mma.sync kernels ask for 128).
+extern __shared__ __align__(1024) unsigned char smem_raw[];
+
 // ---------------------------------------------------------------- workspace layout
 // One scale per row for x and a; gemm2 in K ranges when its work list is short.
-// bm: the M tile rows, 128 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row: two ranges by
-// fused_moe_sm90_grouped_gemm2_splits) or 64 (mma.sync, fused_moe_sm90_grouped_fp8_row_bm64: one
+// bm: the M tile rows, 128 or 192 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row and _m192: K ranges
+// by fused_moe_sm90_grouped_gemm2_splits) or 64 (mma.sync, fused_moe_sm90_grouped_fp8_row_bm64: one
 // range; tma64, 64 x 256 TMA tiles: fused_moe_sm90_tma64_gemm2_splits).
 Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
   const MoeDims d = moe_dims(p);
-  if (bm != 128) {
+  if (bm == kMmaBM) {
     const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes) : 1;
     return fp8_workspace(p, 1, 1, splits, bm);
   }
-  const int64_t tk = d.T * d.k, tiles_max = (tk + 127) / 128 + std::min<int64_t>(d.E, tk);
-  return fp8_workspace(p, 1, 1,
-                       fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes));
+  const int64_t tk = d.T * d.k, tiles_max = (tk + bm - 1) / bm + std::min<int64_t>(d.E, tk);
+  return fp8_workspace(p, 1, 1, fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes),
+                       bm);
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
@@ -112,7 +117,14 @@ __device__ __forceinline__ float wscale_e(const Fp8GemmArgs& p, int e) { return 
 // Shared-memory loads do not alias global stores, and the consumers have no registers to spare
 // (168 at most, fused_moe_sm90_grouped_tma.cuh).
 constexpr int kWsScaleCols = kBN;
-constexpr int kWsScaleSmem = kWsConsumerWarps * kWsScaleCols * int(sizeof(float));
+template <class Shape = WsShape<2>>
+constexpr int kWsScaleSmem = Shape::kConsumerWarps * kWsScaleCols * int(sizeof(float));
+// The dynamic shared memory of a WS gemm of tile shape Shape: its ring and the staged scales.
+template <class Shape>
+constexpr int ws_gemm_smem_bytes() {
+  return ws_smem_bytes<typename Shape::Smem>() + kWsScaleSmem<Shape>;
+}
+static_assert(ws_gemm_smem_bytes<WsShape<3>>() <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
 
 // Warp-wide (every lane): lane l copies the scales of columns col(l) .. col(l) + 7 of expert e
 // (N per expert) into dst[8 l ..] (zeros where col(l) >= N). The first __syncwarp keeps the copy
@@ -129,17 +141,20 @@ __device__ __forceinline__ void stage_wscales(float* dst, const float* w_scale, 
 }
 
 // gemm1: ma = xq [Tk, H] codes, mb = w1 as [E * N1, H] codes; N tiles of 128 gate + 128 up columns
-// (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w).
-template <bool G1U1, Activation A>
-__global__ void __launch_bounds__(kWsThreads, 1)
+// (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w). Shape:
+// the tile shape (WsShape<2>: 128 x 256, WsShape<3>: 192 x 256); consumer warp w takes rows 16 w ..
+// 16 w + 15 of the tile.
+template <bool G1U1, Activation A, class Shape = WsShape<2>>
+__global__ void __launch_bounds__(Shape::kThreads, 1)
     gemm1_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Fp8GemmArgs p,
                      int n_tiles) {
+  using Sm = typename Shape::Smem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
+  float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<__nv_fp8_e4m3>(
+  ws_run<__nv_fp8_e4m3, Shape>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -199,15 +214,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
-// ks -> y + ks * y_split.
-__global__ void __launch_bounds__(kWsThreads, 1)
+// ks -> y + ks * y_split. Shape as gemm1_fp8_kernel.
+template <class Shape = WsShape<2>>
+__global__ void __launch_bounds__(Shape::kThreads, 1)
     gemm2_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Fp8GemmArgs p,
                      int n_tiles) {
+  using Sm = typename Shape::Smem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
+  const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* wsm = reinterpret_cast<float*>(ws_extra_smem(smem_raw)) + (warp % kWsConsumerWarps) * kWsScaleCols;
-  ws_run<__nv_fp8_e4m3>(
+  float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
+  ws_run<__nv_fp8_e4m3, Shape>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
@@ -502,24 +519,27 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 // NOTE: two-CTA clusters multicasting the A rows (N tiles 2q, 2q + 1 of one M tile; branch
 // gpu-measured11) ran 1.6-4.3% slower on the H200 (Mixtral T=512..4096, Qwen3 and DeepSeek-V3
 // T=4096, ninth session of docs/PERF.md), though the L2 is at 81-89% of its peak at Mixtral T=512.
+// Shape: WsShape<2> (128 x 256 tiles) or WsShape<3> (192 x 256, fused_moe_sm90_grouped_fp8_row_m192).
+template <class Shape>
 Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
                    uint8_t* xq, uint8_t* aq, float* a, float* sa, int n_tiles1, int n_tiles2, cudaStream_t s) {
   const MoeDims d = moe_dims(p);
   Fp8GemmMaps m;
-  MOEKIT_RETURN_IF_ERROR(encode_fp8_gemm_maps(p, l.tk, xq, aq, 128, 128, "fused_moe_sm90_grouped_fp8", &m));
+  MOEKIT_RETURN_IF_ERROR(encode_fp8_gemm_maps(p, l.tk, xq, aq, Shape::kBM, 128, "fused_moe_sm90_grouped_fp8", &m));
   int sms = 0;
   MOEKIT_RETURN_IF_ERROR(device_sm_count(&sms, "fused_moe_sm90_grouped_fp8: SM count"));
   auto grid = [&](int64_t items) { return unsigned(std::min<int64_t>(sms, items)); };
 
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
-    return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value>;
+    return gemm1_fp8_kernel<decltype(g1u1)::value, decltype(act)::value, Shape>;
   });
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(l.tiles_max * n_tiles1), kWsScaleSmem, s,
-                                                "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
+  constexpr int kSmem = ws_gemm_smem_bytes<Shape>();
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_cfg(fn1, grid(l.tiles_max * n_tiles1), Shape::kThreads, kSmem, s,
+                                              "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s, g1.amax != nullptr));
-  return launch_ws_kernel_extra(gemm2_fp8_kernel, grid(l.tiles_max * n_tiles2 * l.splits), kWsScaleSmem, s,
-                                "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
+  return launch_ws_kernel_cfg(gemm2_fp8_kernel<Shape>, grid(l.tiles_max * n_tiles2 * l.splits), Shape::kThreads, kSmem,
+                              s, "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
@@ -572,7 +592,7 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
 
   // Where the quantizer of a takes the two-pass shape (more than kQuantFewRows rows), the TMA gemm1s
   // find each row's amax (Fp8GemmArgs::amax, in sa, zeroed by the routing) and it reads a once.
-  const bool amax_in_gemm1 = (bm == 128 || tma64) && l.tk > kQuantFewRows;
+  const bool amax_in_gemm1 = (bm != kMmaBM || tma64) && l.tk > kQuantFewRows;
   MOEKIT_RETURN_IF_ERROR(launch_route(p,
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
                                        at(l.tile_row0), at(l.num_tiles),
@@ -606,8 +626,10 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
     MOEKIT_RETURN_IF_ERROR(launch_mma(gemm2_fp8_mma_kernel, dim3(unsigned(l.tiles_max), unsigned(n_tiles2)), s,
                                       "fused_moe_sm90_grouped_fp8 gemm2 (BM 64)", g2, aq,
                                       static_cast<const uint8_t*>(p.w2.data)));
+  } else if (bm == WsShape<3>::kBM) {
+    MOEKIT_RETURN_IF_ERROR(run_fp8_tma<WsShape<3>>(p, l, g1, g2, xq, aq, a, sa, n_tiles1, n_tiles2, s));
   } else {
-    MOEKIT_RETURN_IF_ERROR(run_fp8_tma(p, l, g1, g2, xq, aq, a, sa, n_tiles1, n_tiles2, s));
+    MOEKIT_RETURN_IF_ERROR(run_fp8_tma<WsShape<2>>(p, l, g1, g2, xq, aq, a, sa, n_tiles1, n_tiles2, s));
   }
 
   ReduceArgs rd{y, l.tk * d.H, at(l.slot_row), p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0],
@@ -665,6 +687,11 @@ Status supports_tma64(const FusedMoeParams& p) {
 }
 size_t workspace_tma64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM, true).total; }
 Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM, true); }
+
+// 192 x 256 tiles (fused_moe_sm90_grouped_fp8_row_m192).
+constexpr int kM192 = grouped::WsShape<3>::kBM;
+size_t workspace_m192(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, kM192).total; }
+Status run_m192(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, kM192); }
 
 }  // namespace
 
@@ -725,6 +752,16 @@ void register_fused_moe_sm90_grouped_fp8(Registry& r) {
            "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
            85, erase_supports<FusedMoeParams, supports_tma64>,
            erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
+  }
+  // 192 x 256 tiles (priority 80): an expert of 129..192 rows in one M tile, its weights read once
+  // per N tile instead of twice (WsShape<3>, fused_moe_sm90_grouped_tma.cuh).
+  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_m192" : "fused_moe_sm90_grouped_fp8_row_tkw1_m192",
+           OpKind::fused_moe, v, Backend::cuda,
+           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 192 x 256 tiles on "
+           "QGMMA m64n128k32 pairs (TMA ring, three consumer warpgroups) f32 accumulate, f32 sum over k",
+           80, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+           erase_workspace<FusedMoeParams, workspace_m192>, erase_run<FusedMoeParams, run_m192>});
   }
 }
 

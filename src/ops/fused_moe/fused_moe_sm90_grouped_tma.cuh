@@ -42,10 +42,8 @@ namespace moekit::cuda::grouped {
 
 constexpr int kWsStages = 4;                       // K slices in flight
 constexpr int kWsConsumerWarps = 8;                // two warpgroups
-// NOTE: three consumer warpgroups (192 x 256 tiles: an expert of 129..192 rows read once per N tile,
-// branch m192) do not build: with 416 or 512 threads ptxas compiles the whole kernel for 152 or 128
-// registers (setmaxnreg moves registers at run time only) and the m64n256 wgmma with its 128
-// accumulators needs 154 (docs/PERF.md, eleventh session).
+// (WsShape<3> below: three consumer warpgroups, each k32 step as two m64n128 wgmma, since a wgmma's
+// operands must fit the launch budget of 512 threads.)
 constexpr int kWsThreads = 32 * (kWsConsumerWarps + 1);
 constexpr uint32_t kWsABytes = 128 * kBK * 2;      // 16 KiB
 constexpr uint32_t kWsBHalfBytes = 128 * kBK * 2;  // one 128-row B box
@@ -163,23 +161,25 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// One thread initialises the barriers; the caller then synchronises the CTA.
-template <class Sm>
+// One thread initialises the barriers (empty: one arrive per consumer warp); the caller then
+// synchronises the CTA.
+template <int kConsumerWarps, class Sm>
 __device__ __forceinline__ void ws_init_barriers(const Sm& sm) {
 #pragma unroll
   for (int s = 0; s < Sm::kStages; ++s) {
     mbar_init(sm.full(s), 1);
-    mbar_init(sm.empty(s), kWsConsumerWarps);
+    mbar_init(sm.empty(s), kConsumerWarps);
   }
   mbar_init_fence();
 }
 
-// Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched.
-template <class Sm = WsSmem>
+// Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched (by the
+// producer's first thread, the one after the consumer warps).
+template <class Sm = WsSmem, int kConsumerWarps = kWsConsumerWarps>
 __device__ __forceinline__ Sm ws_setup(unsigned char* smem_raw, const CUtensorMap* ma, const CUtensorMap* mb) {
   const Sm sm{smem_addr(align_smem_1024(smem_raw))};
-  if (threadIdx.x == 0) ws_init_barriers(sm);
-  if (threadIdx.x == 32 * kWsConsumerWarps) {
+  if (threadIdx.x == 0) ws_init_barriers<kConsumerWarps>(sm);
+  if (threadIdx.x == 32 * kConsumerWarps) {
     tma_prefetch_desc(ma);
     tma_prefetch_desc(mb);
   }
@@ -201,16 +201,17 @@ struct WsRingT {
 };
 using WsRing = WsRingT<>;
 
-// Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + 128) and of the two 128-row
-// B boxes at b_row0 / b_row1, for one tile, into the ring. A slice is 128 bytes of K: `slice`
-// elements (64 for bf16 / f16, 128 for fp8).
-__device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, const CUtensorMap* ma,
+// Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + BM) (BM: the A map's box rows,
+// 128 or 192) and of the two 128-row B boxes at b_row0 / b_row1, for one tile, into the ring. A slice
+// is 128 bytes of K: `slice` elements (64 for bf16 / f16, 128 for fp8).
+template <class Sm, int kStages>
+__device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& ring, const CUtensorMap* ma,
                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
                                                 int kt1, int slice = kBK) {
   for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
     const uint32_t full = sm.full(ring.s);
-    mbar_arrive_expect_tx(full, kWsStageBytes);
+    mbar_arrive_expect_tx(full, Sm::kStageBytes);
     tma_load_2d(sm.a(ring.s), ma, kt * slice, row0, full);
     tma_load_2d(sm.b(ring.s), mb, kt * slice, b_row0, full);
     tma_load_2d(sm.b(ring.s) + kWsBHalfBytes, mb, kt * slice, b_row1, full);
@@ -218,15 +219,19 @@ __device__ __forceinline__ void ws_produce_tile(const WsSmem& sm, WsRing& ring, 
   }
 }
 
-// Consumer warpgroup wg (0 or 1): acc = A rows 64 wg .. 64 wg + 63 of the tile . B^T over KT slices.
+// Consumer warpgroup wg (0 .. BM / 64 - 1): acc = A rows 64 wg .. 64 wg + 63 of the tile . B^T over KT
+// slices. kPairs (fp8 only): each k32 step as two wgmma m64n128k32 (B box 0, then box 1) into the two
+// halves of acc, not one m64n256k32: a wgmma's registers must fit the kernel's launch budget (65536 /
+// threads: 128 at 512 threads), which setmaxnreg does not raise, and m64n256k32 needs 154.
 // NOTE: a warpgroup whose 64 rows are all padding still multiplies them: letting it skip its wgmma
 // measured slower on the H200 (Mixtral T=4096 5280-5302 vs 5030-5034 us, Qwen3 T=4096 871-872 vs
 // 826-827 us, interleaved runs of the two builds, docs/PERF.md). So did splitting the K slices of a
 // tile with <= 64 rows between the two warpgroups (rows 0..63 each, sums added through shared
 // memory): Mixtral T=512 980-993 vs 962 us, T=4096 5401-5427 vs 5197-5198 (2026-11-29): such a
 // tile reads the same 48 KiB per slice for half the MMAs, and L2 -> SM traffic already limits.
-template <class TT>
-__device__ __forceinline__ void ws_consume_tile(const WsSmem& sm, WsRing& ring, int wg, int KT, AccW& acc) {
+template <class TT, bool kPairs = false, class Sm, int kStages>
+__device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
+  static_assert(!kPairs || std::is_same_v<TT, __nv_fp8_e4m3>, "n128 pairs: fp8 only");
   const bool leader = (threadIdx.x & 31) == 0;
   const uint32_t a_off = uint32_t(wg) * 64 * kBK * 2;
 #pragma unroll
@@ -240,10 +245,21 @@ __device__ __forceinline__ void ws_consume_tile(const WsSmem& sm, WsRing& ring, 
     const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
     fence_acc(acc);
     wgmma_fence();
+    if constexpr (kPairs) {
+      auto& lo = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][0][0]);
+      auto& hi = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][kWgNT / 2][0]);
+      const uint64_t db1 = wgmma_desc_sw128(sm.b(ring.s) + kWsBHalfBytes);
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      // +32 bytes per k16 step = +2 in the start-address field (see fused_moe_sm90_grouped_desc.h).
-      WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
+      for (int ks = 0; ks < 4; ++ks) {
+        wgmma_fp8_n128(lo, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
+        wgmma_fp8_n128(hi, da + uint64_t(2 * ks), db1 + uint64_t(2 * ks), 1);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        // +32 bytes per k16 step = +2 in the start-address field (see fused_moe_sm90_grouped_desc.h).
+        WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
+      }
     }
     wgmma_commit();
     wgmma_wait<1>();  // the group of slice kt - 1 completed: its stage can be refilled
@@ -271,18 +287,48 @@ __device__ __forceinline__ WsItem ws_item(int t, int num_m, int n_tiles, int spl
   return it;
 }
 
+// The tile shapes of the WS kernels: kWgs consumer warpgroups of 64 rows each (all 256 columns) over
+// M tiles of 64 kWgs rows.
+//   WsShape<2>: 128 x 256 (the default); a producer warp; 288 threads, at most 168 registers each.
+//   WsShape<3>: 192 x 256 (the fp8 per-row gemms, fused_moe_sm90_grouped_fp8_row_m192): an expert of
+//               129..192 rows in one M tile, so its weights pass through the SMs once, not twice, for
+//               the same padded MMA work (3 x 64 rows against 2 x 128). A producer warpgroup gives its
+//               registers to the consumers (setmaxnreg: 3 x 128 x 160 + 128 x 24 = 65536); 3 stages
+//               of 56 KiB; each k32 step in two m64n128 wgmma (ws_consume_tile's kPairs).
+template <int kWgs_>
+struct WsShape {
+  static_assert(kWgs_ == 2 || kWgs_ == 3, "128- or 192-row tiles");
+  static constexpr int kWgs = kWgs_;
+  static constexpr int kBM = 64 * kWgs;
+  static constexpr int kConsumerWarps = 4 * kWgs;
+  static constexpr bool kProducerWg = kWgs == 3;
+  static constexpr int kThreads = 32 * kConsumerWarps + (kProducerWg ? 128 : 32);
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 160;
+  static_assert(!kProducerWg || 32 * kConsumerWarps * kConsumerRegs + 128 * kProducerRegs <= 65536,
+                "the register file of one SM");
+  static constexpr uint32_t kABytes = uint32_t(kBM) * kBK * 2;
+  static constexpr int kStages = kWgs == 2 ? kWsStages : 3;
+  using Smem = WsSmemT<kStages, kABytes + 2 * kWsBHalfBytes, kABytes>;
+  using Ring = WsRingT<kStages>;
+};
+static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads == kWsThreads, "one formula");
+
 // The persistent schedule shared by the WS kernels: CTA b takes items t = b, b + gridDim.x, ... of
-// num_m x n_tiles x splits; lane 0 of the producer warp loads each item's K slices (boxes(it, row0,
-// b0, b1) gives the A first row and the two B box rows), the two consumer warpgroups multiply
-// (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer warp
-// returns early; no CTA-wide barrier may follow.
-template <class TT, class Boxes, class Epi>
-__device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, const CUtensorMap* mb, int num_m,
-                                       int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi) {
+// num_m x n_tiles x splits; lane 0 of the producer loads each item's K slices (boxes(it, row0, b0,
+// b1) gives the A first row and the two B box rows), the Shape::kWgs consumer warpgroups multiply
+// (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer returns
+// early; no CTA-wide barrier may follow.
+template <class TT, class Shape = WsShape<2>, class Boxes, class Epi>
+__device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
+                                       int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi) {
   const int warp = threadIdx.x >> 5;
   const int total = num_m * n_tiles * splits;
-  WsRing ring;
-  if (warp == kWsConsumerWarps) {  // producer
+  typename Shape::Ring ring;
+  if (Shape::kProducerWg ? warp >= Shape::kConsumerWarps : warp == Shape::kConsumerWarps) {  // producer
+    if constexpr (Shape::kProducerWg) {
+      setmaxnreg_dec<Shape::kProducerRegs>();
+      if (warp != Shape::kConsumerWarps) return;
+    }
     if (threadIdx.x % 32 != 0) return;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
@@ -292,10 +338,11 @@ __device__ __forceinline__ void ws_run(const WsSmem& sm, const CUtensorMap* ma, 
     }
     return;
   }
+  if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
     AccW acc;
-    ws_consume_tile<TT>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+    ws_consume_tile<TT, Shape::kProducerWg>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
     epi(it, acc);
   }
 }
