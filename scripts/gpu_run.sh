@@ -42,7 +42,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 # memcheck: the CUDA tests of the fused kernels and the graph test; racecheck (much slower): small
 # shapes of every CUDA kernel that uses shared memory. Both fit the device tool's 10-minute call.
 MEMCHECK_FILTER='FusedMoeSm90Grouped*:CudaGraph*:FusedMoeSm90SmallM.Edge*:FusedMoeSm90SmallMFp8.Block*:FusedMoeSm90Fp8BlockAuto*:MoeBaselineCublas.Fp8*'
-RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90SmallMFp8.ZeroRowsAndLargeValues:FusedMoeSm90SmallMFp8.StaticActivationScale:FusedMoeSm90GroupedFp8Block.N256Tiles:FusedMoeSm90GroupedFp8Block.Bm64RowCountsPerExpert:FusedMoeSm90GroupedFp8Block.Bm64FourStagesForLargeK:FusedMoeSm90GroupedFp8Block.Bm64FiveStages:FusedMoeSm90GroupedFp8Block.Tma64RowCounts:FusedMoeSm90GroupedFp8Tma64.RowCountsAndTailTiles:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
+RACECHECK_FILTER='FusedMoeSm90SmallMFp8.BlockZeroRowsAndLargeValues:FusedMoeSm90SmallMFp8.ZeroRowsAndLargeValues:FusedMoeSm90SmallMFp8.StaticActivationScale:FusedMoeSm90GroupedFp8Block.N256Tiles:FusedMoeSm90GroupedFp8Block.Bm64RowCountsPerExpert:FusedMoeSm90GroupedFp8Block.Bm64FourStagesForLargeK:FusedMoeSm90GroupedFp8Block.Bm64FiveStages:FusedMoeSm90GroupedFp8Block.Tma64RowCounts:FusedMoeSm90GroupedFp8Tma64.RowCountsAndTailTiles:FusedMoeSm90GroupedFp8M192.RowCountsAndTailTiles:FusedMoeSm90GroupedFp8Bm64.ZeroRowsAndLargeValues:FusedMoeSm90Grouped.TOne:FusedMoeSm90Grouped.LongKLoops128RowMTiles:FusedMoeSm90Grouped.WeightOnInput128RowMTiles:FusedMoeSm90Grouped.G1U0:FusedMoeSm90Grouped.ExpertMask:FusedMoeSm90SmallM.BadIds*:SortTokens.CudaHandWorked*:TopkSoftmax.CudaEdge*:GroupedTopk.CudaEdge*:SigmoidTopk.CudaEdge*'
 
 say "# moekit GPU run $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$S"
@@ -115,7 +115,7 @@ if has bench; then
       say "bench $m rc=$?"
     fi
     for sc in ${FP8_SCHEMES:-$fp8_default}; do
-      kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64 fused_moe_sm90_grouped_fp8_row_tma64"
+      kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64 fused_moe_sm90_grouped_fp8_row_tma64 fused_moe_sm90_grouped_fp8_row_m192"
       [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64 fused_moe_sm90_grouped_fp8_block_n256"
       if [ "${FP8_AUTO_ONLY:-0}" = 1 ]; then  # the auto kernel's rows only
         kerns=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && kerns=fused_moe_sm90_fp8_block
