@@ -24,6 +24,13 @@ inline std::string cuda_kernel_unavailable(const char* kernel) {
   return st.ok() ? "" : "CUDA backend unavailable: " + st.to_string();
 }
 
+// GTEST_SKIPs the calling test with cuda_kernel_unavailable(kernel)'s reason, if any.
+#define MOE_SKIP_WITHOUT_CUDA_KERNEL(kernel)                                                        \
+  do {                                                                                              \
+    const std::string moe_skip_why = ::moekit::testing::moe_test::cuda_kernel_unavailable(kernel); \
+    if (!moe_skip_why.empty()) GTEST_SKIP() << moe_skip_why;                                        \
+  } while (0)
+
 // The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input of a per-row /
 // per-tensor problem; block-scaled problems always run row_kernel) on device copies of prob's
 // tensors against the fp8 ref kernel of the problem's variant on the host; outputs must be finite.

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fused_moe_fp8_test_util.h"
@@ -35,11 +36,7 @@ constexpr const char* kTkw1 = "fused_moe_sm90_grouped_fp8_row_tkw1";
 constexpr const char* kAutoRow = "fused_moe_sm90_fp8_row";
 constexpr const char* kAutoTkw1 = "fused_moe_sm90_fp8_row_tkw1";
 
-#define SKIP_WITHOUT_KERNEL()                                          \
-  do {                                                                 \
-    const std::string why = moe_test::cuda_kernel_unavailable(kRow);   \
-    if (!why.empty()) GTEST_SKIP() << why;                             \
-  } while (0)
+#define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow)
 
 void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
 
@@ -51,17 +48,22 @@ bool may_skip(const std::string& name, const std::string& detail) {
          detail.find("multiple of 256") != std::string::npos;
 }
 
-TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
-  SKIP_WITHOUT_KERNEL();
+// The harness edge cases at T = 1, 8, 64, 300, per tensor and per row, each with the router weight on
+// the input too: every listed (kernel, tkw1 twin) pair ran and matched (refusals only by design).
+void expect_edge_cases_ran(const std::vector<std::pair<const char*, const char*>>& kernels) {
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
       const std::vector<CaseResult> results =
           check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input));
-      moe_test::expect_fp8_kernels_ran(results, kRow, kTkw1, may_skip);
-      moe_test::expect_fp8_kernels_ran(results, kAutoRow, kAutoTkw1, may_skip);
+      for (const auto& [row, tkw1] : kernels) moe_test::expect_fp8_kernels_ran(results, row, tkw1, may_skip);
     }
   }
+}
+
+TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
+  SKIP_WITHOUT_KERNEL();
+  expect_edge_cases_ran({{kRow, kTkw1}, {kAutoRow, kAutoTkw1}});
 }
 
 TEST(FusedMoeSm90GroupedFp8, Presets) {
@@ -155,11 +157,7 @@ TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
 constexpr const char* kRow64 = "fused_moe_sm90_grouped_fp8_row_bm64";
 constexpr const char* kTkw164 = "fused_moe_sm90_grouped_fp8_row_tkw1_bm64";
 
-#define SKIP_WITHOUT_BM64()                                               \
-  do {                                                                    \
-    const std::string why = moe_test::cuda_kernel_unavailable(kRow64);    \
-    if (!why.empty()) GTEST_SKIP() << why;                                \
-  } while (0)
+#define SKIP_WITHOUT_BM64() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow64)
 
 void expect_bm64_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow64, kTkw164); }
 
@@ -228,23 +226,13 @@ TEST(FusedMoeSm90GroupedFp8Bm64, ZeroRowsAndLargeValues) {
 constexpr const char* kRowT64 = "fused_moe_sm90_grouped_fp8_row_tma64";
 constexpr const char* kTkw1T64 = "fused_moe_sm90_grouped_fp8_row_tkw1_tma64";
 
-#define SKIP_WITHOUT_TMA64()                                               \
-  do {                                                                     \
-    const std::string why = moe_test::cuda_kernel_unavailable(kRowT64);    \
-    if (!why.empty()) GTEST_SKIP() << why;                                 \
-  } while (0)
+#define SKIP_WITHOUT_TMA64() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRowT64)
 
 void expect_tma64_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRowT64, kTkw1T64); }
 
 TEST(FusedMoeSm90GroupedFp8Tma64, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_TMA64();
-  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
-    for (bool on_input : {false, true}) {
-      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
-                                       kRowT64, kTkw1T64, may_skip);
-    }
-  }
+  expect_edge_cases_ran({{kRowT64, kTkw1T64}});
 }
 
 // The scaled presets whose H is a multiple of 256 (qwen3-moe 256, mixtral 512); deepseek-v3 (896) and
@@ -344,11 +332,7 @@ TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
 constexpr const char* kRowM192 = "fused_moe_sm90_grouped_fp8_row_m192";
 constexpr const char* kTkw1M192 = "fused_moe_sm90_grouped_fp8_row_tkw1_m192";
 
-#define SKIP_WITHOUT_M192()                                                \
-  do {                                                                     \
-    const std::string why = moe_test::cuda_kernel_unavailable(kRowM192);   \
-    if (!why.empty()) GTEST_SKIP() << why;                                 \
-  } while (0)
+#define SKIP_WITHOUT_M192() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRowM192)
 
 void expect_m192_matches_ref(MoeProblem& prob, MoeCompare c = MoeCompare::kernel_vs_ref) {
   moe_test::expect_fp8_cuda_matches_ref(prob, kRowM192, kTkw1M192, c);
@@ -356,13 +340,7 @@ void expect_m192_matches_ref(MoeProblem& prob, MoeCompare c = MoeCompare::kernel
 
 TEST(FusedMoeSm90GroupedFp8M192, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_M192();
-  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
-    for (bool on_input : {false, true}) {
-      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
-                                       kRowM192, kTkw1M192, may_skip);
-    }
-  }
+  expect_edge_cases_ran({{kRowM192, kTkw1M192}});
 }
 
 // Experts with 64, 65, 128, 129, 192 and 193 rows (the warpgroup cuts, one and two 192-row tiles;

@@ -33,11 +33,7 @@ constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
 constexpr const char* kTma64 = "fused_moe_sm90_grouped_fp8_block_tma64";
 constexpr const char* kN256 = "fused_moe_sm90_grouped_fp8_block_n256";
 
-#define SKIP_WITHOUT_KERNEL()                                            \
-  do {                                                                   \
-    const std::string why = moe_test::cuda_kernel_unavailable(kBlock);   \
-    if (!why.empty()) GTEST_SKIP() << why;                               \
-  } while (0)
+#define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kBlock)
 
 void expect_matches_ref(MoeProblem& prob) {
   for (const char* k : {kBlock, kBlock64}) {

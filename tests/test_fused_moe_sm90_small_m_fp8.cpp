@@ -32,11 +32,7 @@ constexpr const char* kBlockAuto = "fused_moe_sm90_fp8_block";
 constexpr const char* kRowAuto = "fused_moe_sm90_fp8_row";
 constexpr const char* kTkw1Auto = "fused_moe_sm90_fp8_row_tkw1";
 
-#define SKIP_WITHOUT_KERNEL()                                          \
-  do {                                                                 \
-    const std::string why = moe_test::cuda_kernel_unavailable(kRow);   \
-    if (!why.empty()) GTEST_SKIP() << why;                             \
-  } while (0)
+#define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow)
 
 void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
 
@@ -119,11 +115,7 @@ TEST(FusedMoeSm90SmallMFp8, RefusesBlockScalesAndUnquantizedWeights) {
 
 // ---- 128 x 128 block scales (fused_moe_sm90_small_m_fp8_block)
 
-#define SKIP_WITHOUT_BLOCK_KERNEL()                                     \
-  do {                                                                  \
-    const std::string why = moe_test::cuda_kernel_unavailable(kBlock);  \
-    if (!why.empty()) GTEST_SKIP() << why;                              \
-  } while (0)
+#define SKIP_WITHOUT_BLOCK_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kBlock)
 
 TEST(FusedMoeSm90SmallMFp8, BlockEdgeCasesAndWeightOnInput) {
   SKIP_WITHOUT_BLOCK_KERNEL();

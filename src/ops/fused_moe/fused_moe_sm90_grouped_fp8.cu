@@ -723,46 +723,42 @@ Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunCo
 }
 
 void register_fused_moe_sm90_grouped_fp8(Registry& r) {
-  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row" : "fused_moe_sm90_grouped_fp8_row_tkw1",
-           OpKind::fused_moe, v, Backend::cuda,
-           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), "
-           "QGMMA m64n256k32 f32 accumulate, f32 sum over k",
-           100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-           erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
-           erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>});
-  }
+  // Each tile shape twice: the per-row variant and its router-weight-on-input twin (_tkw1).
+  auto add = [&r](const char* row, const char* tkw1, const char* what, int priority, auto supports, auto workspace,
+                  auto run) {
+    for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
+      r.add({v == MoeVariant::fp8_row ? row : tkw1, OpKind::fused_moe, v, Backend::cuda, what, priority, supports,
+             workspace, run});
+    }
+  };
+  add("fused_moe_sm90_grouped_fp8_row", "fused_moe_sm90_grouped_fp8_row_tkw1",
+      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), "
+      "QGMMA m64n256k32 f32 accumulate, f32 sum over k",
+      100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+      erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
+      erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>);
   // The 64-row tiles alone (priority 90: fused_moe_sm90_fp8_row picks them by
   // fused_moe_sm90_grouped_fp8_tile_m); for benches and tests that want them at any T.
-  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_bm64" : "fused_moe_sm90_grouped_fp8_row_tkw1_bm64",
-           OpKind::fused_moe, v, Backend::cuda,
-           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64-row tiles on "
-           "mma.sync m16n8k32 e4m3 (cp.async pipeline) f32 accumulate, f32 sum over k",
-           90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-           erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
-  }
+  add("fused_moe_sm90_grouped_fp8_row_bm64", "fused_moe_sm90_grouped_fp8_row_tkw1_bm64",
+      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64-row tiles on "
+      "mma.sync m16n8k32 e4m3 (cp.async pipeline) f32 accumulate, f32 sum over k",
+      90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+      erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>);
   // 64 x 256 tiles on TMA + QGMMA (priority 85; fused_moe_sm90_fp8_row picks them up to
   // kGroupedFp8Tma64MaxRows rows per expert where H % 256 == 0): for experts with few rows, in place of
   // the emulated mma.sync of ..._bm64.
-  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_tma64" : "fused_moe_sm90_grouped_fp8_row_tkw1_tma64",
-           OpKind::fused_moe, v, Backend::cuda,
-           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64 x 256 tiles on "
-           "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
-           85, erase_supports<FusedMoeParams, supports_tma64>,
-           erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
-  }
+  add("fused_moe_sm90_grouped_fp8_row_tma64", "fused_moe_sm90_grouped_fp8_row_tkw1_tma64",
+      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64 x 256 tiles on "
+      "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
+      85, erase_supports<FusedMoeParams, supports_tma64>, erase_workspace<FusedMoeParams, workspace_tma64>,
+      erase_run<FusedMoeParams, run_tma64>);
   // 192 x 256 tiles (priority 80): an expert of 129..192 rows in one M tile, its weights read once
   // per N tile instead of twice (WsShape<3>, fused_moe_sm90_grouped_tma.cuh).
-  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_grouped_fp8_row_m192" : "fused_moe_sm90_grouped_fp8_row_tkw1_m192",
-           OpKind::fused_moe, v, Backend::cuda,
-           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 192 x 256 tiles on "
-           "QGMMA m64n128k32 pairs (TMA ring, three consumer warpgroups) f32 accumulate, f32 sum over k",
-           80, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-           erase_workspace<FusedMoeParams, workspace_m192>, erase_run<FusedMoeParams, run_m192>});
-  }
+  add("fused_moe_sm90_grouped_fp8_row_m192", "fused_moe_sm90_grouped_fp8_row_tkw1_m192",
+      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 192 x 256 tiles on "
+      "QGMMA m64n128k32 pairs (TMA ring, three consumer warpgroups) f32 accumulate, f32 sum over k",
+      80, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
+      erase_workspace<FusedMoeParams, workspace_m192>, erase_run<FusedMoeParams, run_m192>);
 }
 
 }  // namespace moekit::cuda
