@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,7 +22,6 @@
 namespace moekit {
 namespace {
 
-using routing_test::expect_error;
 using routing_test::kInf;
 using routing_test::kNaN;
 using testing::Buffer;
@@ -44,9 +42,7 @@ TEST(GroupedTopk, T0ReturnsOkAndWritesNothing) {
   Buffer bias = testing::random_bias(rng, 256);
   Call c(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
   ASSERT_TRUE(c.run().ok());
-  for (const Buffer* b : {&c.w, &c.ids}) {
-    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
-  }
+  routing_test::expect_untouched({&c.w, &c.ids});
 }
 
 // s = 0.5 everywhere; b = 0.5 + bias = [.625 .5 | .875 .25 | .75 .75 | .5 .5]; top-2 group sums
@@ -178,8 +174,7 @@ TEST(GroupedTopk, OneGroupOrAllGroupsKeptIsPlainTopkOfB) {
   Call one(g, 5, 1, 1, Scoring::sigmoid, &bias), all(g, 5, 6, 6, Scoring::sigmoid, &bias);
   ASSERT_TRUE(one.run().ok());
   ASSERT_TRUE(all.run().ok());
-  EXPECT_EQ(one.ids.bytes, all.ids.bytes);
-  EXPECT_EQ(one.w.bytes, all.w.bytes);
+  one.expect_same_outputs(all);
   expect_matches_oracle(one, "n_group 1");
 }
 
@@ -267,26 +262,20 @@ TEST(GroupedTopk, PlusInfLogits) {
 }
 
 TEST(GroupedTopk, NonFiniteLogitsAndBiasKeepIdsDistinctAndInKeptGroups) {
-  Rng rng(11);
-  Buffer g(DType::f32, {60, 12});
-  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
-  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Buffer g = routing_test::pool_logits(11, 60, 12, DType::f32);
   Buffer bias = bias_of({kNaN, 0.5f, -kInf, kInf, 0, 0, kNaN, kNaN, kNaN, -kInf, -kInf, 0.25f});
   for (Scoring sc : {Scoring::softmax, Scoring::sigmoid}) {
     for (const Buffer* b : {static_cast<const Buffer*>(nullptr), static_cast<const Buffer*>(&bias)}) {
       Call c(g, 4, 4, 2, sc, b, true, 2.5f);
       expect_matches_oracle(c, std::string(scoring_name(sc)) + (b ? " nonfinite bias" : ""));
       for (int64_t t = 0; t < 60; ++t) {
-        std::vector<int> ids = c.row_ids(t);
+        const std::vector<int> ids = c.row_ids(t);
         std::vector<int> groups;
         for (int id : ids) groups.push_back(id / 3);
         std::sort(groups.begin(), groups.end());
         groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
         EXPECT_LE(groups.size(), 2u);
-        std::sort(ids.begin(), ids.end());
-        EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
-        EXPECT_GE(ids.front(), 0);
-        EXPECT_LT(ids.back(), 12);
+        routing_test::expect_distinct_ids(ids, 12);
         for (float w : c.row_w(t)) EXPECT_TRUE(std::isfinite(w));
       }
     }
@@ -297,127 +286,50 @@ TEST(GroupedTopk, RowStridedGatingAndDtypes) {
   Rng rng(12);
   Buffer bias = testing::random_bias(rng, 40);
   const GroupedTopkParams cfg = config(4, 4, 2, Scoring::sigmoid, &bias);
-  Buffer strided = certified_logits(13, 9, 40, cfg, DType::f32, 1.0f / 16, 57);
-  Buffer dense(DType::f32, {9, 40}), dbf(DType::bf16, {9, 40}), df16(DType::f16, {9, 40});
-  for (int64_t t = 0; t < 9; ++t) {
-    for (int64_t e = 0; e < 40; ++e) {
-      const float v = strided.get(t * 57 + e);
-      dense.set(t * 40 + e, v);
-      dbf.set(t * 40 + e, v);
-      df16.set(t * 40 + e, v);
-      ASSERT_EQ(dbf.get(t * 40 + e), v);
-    }
-  }
-  Call a(strided, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
-  ASSERT_TRUE(a.run().ok());
-  for (const Buffer* other : {&dense, &dbf, &df16}) {
-    Call b(*other, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
-    ASSERT_TRUE(b.run().ok());
-    EXPECT_EQ(a.ids.bytes, b.ids.bytes) << dtype_name(other->view.dtype);
-    EXPECT_EQ(a.w.bytes, b.w.bytes) << dtype_name(other->view.dtype);
-  }
+  Buffer strided = certified_logits(13, 9, 40, cfg, DType::f32, 1.0f / 16, 57);  // exact in bf16 and f16
+  const auto make = [&](const Buffer& g) { return Call(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f); };
+  Call a = make(strided);
+  ASSERT_NO_FATAL_FAILURE(routing_test::expect_dense_copies_agree(strided, a, make));
   expect_matches_oracle(a, "row-strided");
 }
 
 TEST(GroupedTopk, InvalidArgumentsNameTheArgument) {
+  using P = GroupedTopkParams;
   Buffer g(DType::f32, {4, 16});
   Buffer bias(DType::f32, {16});
-  auto fresh = [&] { return Call(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f); };
-  {
-    Call c = fresh();
-    c.p.gating = TensorView();
-    expect_error(c.run(), "gating: required");
-  }
-  {
-    Buffer gi(DType::fp8_e4m3fn, {4, 16});
-    Call c = fresh();
-    c.p.gating = gi.view;
-    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got fp8_e4m3fn");
-  }
-  {
-    Buffer g1(DType::f32, {64});
-    Call c = fresh();
-    c.p.gating = g1.view;
-    expect_error(c.run(), "gating: shape must be [*, *], got [64]");
-  }
-  {
-    Call c = fresh();
-    c.p.n_group = 0;
-    expect_error(c.run(), "n_group: must be >= 1, got 0");
-  }
-  {
-    Call c = fresh();
-    c.p.n_group = 3;
-    expect_error(c.run(), "n_group: Eg=16 is not divisible by n_group=3");
-  }
+  const routing_test::ArgumentErrors errors([&] { return Call(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f); });
+  errors.expect([](P& p) { p.gating = TensorView(); }, "gating: required");
+  errors.expect_replaced(&P::gating, DType::fp8_e4m3fn, {4, 16}, "gating: dtype must be f32|bf16|f16, got fp8_e4m3fn");
+  errors.expect_replaced(&P::gating, DType::f32, {64}, "gating: shape must be [*, *], got [64]");
+  errors.expect([](P& p) { p.n_group = 0; }, "n_group: must be >= 1, got 0");
+  errors.expect([](P& p) { p.n_group = 3; }, "n_group: Eg=16 is not divisible by n_group=3");
   for (int tg : {0, 5}) {
-    Call c = fresh();
-    c.p.topk_group = tg;
-    expect_error(c.run(), "topk_group: must be in [1, n_group=4], got " + std::to_string(tg));
+    errors.expect([tg](P& p) { p.topk_group = tg; },
+                  "topk_group: must be in [1, n_group=4], got " + std::to_string(tg));
   }
   for (int k : {0, 9}) {
-    Call c = fresh();
-    c.p.k = k;
-    expect_error(c.run(), "k: must be in [1, topk_group*(Eg/n_group)=2*4=8], got " + std::to_string(k));
+    errors.expect([k](P& p) { p.k = k; }, "k: must be in [1, topk_group*(Eg/n_group)=2*4=8], got " + std::to_string(k));
   }
-  {
-    Call c = fresh();
-    c.p.scoring = static_cast<Scoring>(7);
-    expect_error(c.run(), "scoring: must be softmax or sigmoid, got 7");
-  }
+  errors.expect([](P& p) { p.scoring = static_cast<Scoring>(7); }, "scoring: must be softmax or sigmoid, got 7");
   for (float rsf : {0.0f, -1.0f, kNaN, kInf}) {
-    Call c = fresh();
-    c.p.routed_scaling_factor = rsf;
-    expect_error(c.run(), "routed_scaling_factor: must be finite and > 0, got");
+    errors.expect([rsf](P& p) { p.routed_scaling_factor = rsf; }, "routed_scaling_factor: must be finite and > 0, got");
   }
-  {
-    Buffer bb(DType::bf16, {16});
-    Call c = fresh();
-    c.p.correction_bias = bb.view;
-    expect_error(c.run(), "correction_bias: dtype must be f32, got bf16");
-  }
-  {
-    Buffer b17(DType::f32, {17});
-    Call c = fresh();
-    c.p.correction_bias = b17.view;
-    expect_error(c.run(), "correction_bias: shape must be [16], got [17]");
-  }
-  {
-    Buffer b2(DType::f32, {1, 16});
-    Call c = fresh();
-    c.p.correction_bias = b2.view;
-    expect_error(c.run(), "correction_bias: shape must be [16], got [1, 16]");
-  }
-  {
-    Buffer wide(DType::f32, {32});
-    Call c = fresh();
-    c.p.correction_bias = wide.view;
-    c.p.correction_bias.shape[0] = 16;
-    c.p.correction_bias.stride[0] = 2;
-    expect_error(c.run(), "correction_bias: must be contiguous");
-  }
-  {
-    Call c = fresh();
-    c.p.correction_bias.device = Device::cuda;
-    expect_error(c.run(), "correction_bias: is on cuda:0 but gating is on cpu:0");
-  }
-  {
-    Buffer w3(DType::f32, {4, 3});
-    Call c = fresh();
-    c.p.topk_weights = w3.view;
-    expect_error(c.run(), "topk_weights: shape must be [4, 4], got [4, 3]");
-  }
-  {
-    Call c = fresh();
-    c.p.topk_ids = TensorView();
-    expect_error(c.run(), "topk_ids: required");
-  }
-  {
-    Buffer idf(DType::f32, {4, 4});
-    Call c = fresh();
-    c.p.topk_ids = idf.view;
-    expect_error(c.run(), "topk_ids: dtype must be i32, got f32");
-  }
+  errors.expect_replaced(&P::correction_bias, DType::bf16, {16}, "correction_bias: dtype must be f32, got bf16");
+  errors.expect_replaced(&P::correction_bias, DType::f32, {17}, "correction_bias: shape must be [16], got [17]");
+  errors.expect_replaced(&P::correction_bias, DType::f32, {1, 16}, "correction_bias: shape must be [16], got [1, 16]");
+  Buffer wide(DType::f32, {32});
+  errors.expect(
+      [&](P& p) {
+        p.correction_bias = wide.view;
+        p.correction_bias.shape[0] = 16;
+        p.correction_bias.stride[0] = 2;
+      },
+      "correction_bias: must be contiguous");
+  errors.expect([](P& p) { p.correction_bias.device = Device::cuda; },
+                "correction_bias: is on cuda:0 but gating is on cpu:0");
+  errors.expect_replaced(&P::topk_weights, DType::f32, {4, 3}, "topk_weights: shape must be [4, 4], got [4, 3]");
+  errors.expect([](P& p) { p.topk_ids = TensorView(); }, "topk_ids: required");
+  errors.expect_replaced(&P::topk_ids, DType::f32, {4, 4}, "topk_ids: dtype must be i32, got f32");
 }
 
 TEST(GroupedTopk, InvalidCallLeavesOutputsUntouched) {
@@ -425,29 +337,15 @@ TEST(GroupedTopk, InvalidCallLeavesOutputsUntouched) {
   Buffer bias = testing::random_bias(rng, 16);
   Buffer g = certified_logits(15, 6, 16, config(4, 4, 2, Scoring::sigmoid, &bias), DType::f32);
   Call c(g, 4, 4, 2, Scoring::sigmoid, &bias, true, 2.5f);
-  Buffer bad_ids(DType::i32, {6, 5});  // checked last: everything before it is valid
-  bad_ids.fill_bytes(0xAB);
-  c.p.topk_ids = bad_ids.view;
-  EXPECT_FALSE(c.run().ok());
-  for (const Buffer* b : {&c.w, &c.ids, &bad_ids}) {
-    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
-  }
+  routing_test::expect_bad_ids_leave_outputs_untouched(c);
 }
 
 TEST(GroupedTopk, RefKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("grouped_topk_ref");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->op, OpKind::grouped_topk);
-  EXPECT_EQ(k->backend, Backend::ref);
-  EXPECT_EQ(k->priority, 0);
   Buffer g(DType::f32, {2, 8});
   Buffer bias(DType::f32, {8});
   Call c(g, 2, 2, 1, Scoring::sigmoid, &bias);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  c.p.correction_bias.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("correction_bias"), std::string::npos) << s.message();
+  routing_test::expect_ref_kernel_registered(OpKind::grouped_topk, "grouped_topk_ref", c.p,
+                                             &GroupedTopkParams::correction_bias, "correction_bias");
 }
 
 // ------------------------------------------------------------------ random cases
@@ -481,28 +379,14 @@ TEST(GroupedTopk, RandomMatchesOracle) {
 
 // ------------------------------------------------------------------ the `moekit check` cases
 TEST(GroupedTopk, CheckHarnessPassesOnPresets) {
-  for (const char* model : {"deepseek-v3", "mixtral", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = std::string(model) == "deepseek-v3";
-    const std::vector<testing::CaseResult> results = testing::check_grouped_topk(req);
-    EXPECT_GE(results.size(), 12u) << model;
-    for (const testing::CaseResult& r : results) {
-      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
-    }
-  }
+  routing_test::expect_check_harness_passes(
+      testing::check_grouped_topk, {"deepseek-v3", "mixtral", "llama4", "qwen3-moe"}, 12, /*require_detail=*/false);
 }
 
 TEST(GroupedTopk, BenchProblemRuns) {
-  testing::BenchRequest req;
-  req.shape.model = "deepseek-v3";
-  std::unique_ptr<testing::BenchProblem> b;
-  ASSERT_TRUE(testing::bench_grouped_topk(req, 16, *registry().find("grouped_topk_ref"), &b).ok());
-  EXPECT_TRUE(b->run().ok());
-  EXPECT_GT(b->bytes, 0);
-  EXPECT_NE(b->shape.find("groups 4/8"), std::string::npos) << b->shape;
+  routing_test::expect_ref_bench_problem_runs(testing::bench_grouped_topk, "deepseek-v3", "grouped_topk_ref",
+                                              "groups 4/8", /*with_flops=*/false);
 }
-
 
 // ------------------------------------------------------------------ CUDA kernel (grouped_topk_sm90)
 // Skipped without a CUDA device. The kernel is compared with grouped_topk_ref: ids exactly,
@@ -513,23 +397,11 @@ TEST(GroupedTopk, BenchProblemRuns) {
 void expect_cuda_matches_ref(const Buffer& gating, const Buffer* bias, int k, int n_group, int topk_group,
                              Scoring scoring, bool renormalize, float rsf, const std::string& what) {
   SCOPED_TRACE(what);
+  using P = GroupedTopkParams;
   Call want(gating, k, n_group, topk_group, scoring, bias, renormalize, rsf);
-  RunOptions ref_opts;
-  ref_opts.kernel = "grouped_topk_ref";
-  ASSERT_TRUE(grouped_topk(want.p, ref_opts).ok());
   Call got(gating, k, n_group, topk_group, scoring, bias, renormalize, rsf);
-  testing::DeviceMirror m(Backend::cuda);
-  GroupedTopkParams p = got.p;
-  ASSERT_TRUE(m.input(&p.gating).ok());
-  ASSERT_TRUE(m.input(&p.correction_bias).ok());
-  ASSERT_TRUE(m.output(&p.topk_weights).ok());
-  ASSERT_TRUE(m.output(&p.topk_ids).ok());
-  RunOptions opts;
-  opts.kernel = "grouped_topk_sm90";
-  const Status s = grouped_topk(p, opts);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  ASSERT_TRUE(m.copy_back().ok());
-  got.expect_outputs_match(want);
+  routing_test::expect_cuda_kernel_matches_ref(got, want, "grouped_topk_sm90", "grouped_topk_ref", grouped_topk,
+                                               {&P::gating, &P::correction_bias}, {&P::topk_weights, &P::topk_ids});
 }
 
 TEST(GroupedTopk, CudaEdgeCasesMatchRef) {
@@ -544,7 +416,7 @@ TEST(GroupedTopk, CudaNonFiniteAndTiedRowsMatchRef) {
   int n = 0;
   for (const auto& sh : shapes) {
     for (Scoring sc : {Scoring::sigmoid, Scoring::softmax}) {
-      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+      const DType dt = routing_test::rotating_dtype(n, DType::f32, DType::bf16, DType::f16);
       const Buffer g = routing_test::nonfinite_logits(uint64_t(300 + n), 97, sh[0], dt);
       // NaN-free bias on a 1/4 grid, so biased scores tie exactly where the scores do.
       Buffer bias(DType::f32, {sh[0]});

@@ -21,11 +21,8 @@
 namespace moekit {
 namespace {
 
-using routing_test::expect_error;
 using routing_test::kInf;
-using routing_test::kNaN;
 using testing::Buffer;
-using testing::logits_from_rows;
 using testing::Rng;
 
 using grouped_test::Call;
@@ -75,21 +72,18 @@ TEST(GroupedTopk, CpuThreadSplitAndVectorTailsMatchRef) {
     bool bias;
   };
   const Scoring sg = Scoring::sigmoid, sm = Scoring::softmax;
-  const Shape shapes[] = {{1031, 256, 8, 8, 4, sg, true},  {517, 60, 6, 4, 3, sm, true}, {333, 96, 5, 3, 2, sg, false},
-                          {97, 6, 3, 3, 2, sg, true},      {7, 257, 4, 1, 1, sm, false}, {2049, 18, 2, 9, 2, sm, false},
-                          {64, 40, 20, 5, 5, sg, true}};
-  int n = 0;
-  for (const Shape& s : shapes) {
+  const std::vector<Shape> shapes = {{1031, 256, 8, 8, 4, sg, true}, {517, 60, 6, 4, 3, sm, true},
+                                     {333, 96, 5, 3, 2, sg, false},  {97, 6, 3, 3, 2, sg, true},
+                                     {7, 257, 4, 1, 1, sm, false},   {2049, 18, 2, 9, 2, sm, false},
+                                     {64, 40, 20, 5, 5, sg, true}};
+  routing_test::for_each_cpu_shape(shapes, [](const Shape& s, int n, DType dt) {
     const Buffer bias = random_bias(uint64_t(60 + n), s.E);
     GroupedTopkParams cfg = config(s.k, s.n_group, s.topk_group, s.scoring, s.bias ? &bias : nullptr);
     cfg.renormalize = n % 2 == 0;
     cfg.routed_scaling_factor = n % 3 == 0 ? 2.5f : 1.0f;
-    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
     const Buffer g = certified_logits(uint64_t(50 + n), s.T, s.E, cfg, dt);
-    expect_cpu_matches_ref(g, cfg, s.bias ? &bias : nullptr,
-                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
-    ++n;
-  }
+    expect_cpu_matches_ref(g, cfg, s.bias ? &bias : nullptr, routing_test::shape_name(s));
+  });
 }
 
 // Non-finite logits, an infinite bias, and logits on a 1/4 grid (exact ties): only the tie rules
@@ -105,7 +99,7 @@ TEST(GroupedTopk, CpuNonFiniteAndTiedRowsMatchRef) {
         const int n_group = Eg == 60 ? 4 : 8 > Eg ? int(Eg) : 8;
         GroupedTopkParams cfg = config(4, n_group, std::max(1, n_group / 2), sc, with_bias ? &bias : nullptr);
         cfg.renormalize = n % 2 == 0;
-        const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
+        const DType dt = routing_test::rotating_dtype(n, DType::f32, DType::bf16, DType::f16);
         const int64_t T = Eg == 256 && n % 4 == 1 ? 1031 : 97;  // some problems large enough for every thread
         const Buffer g = routing_test::nonfinite_logits(uint64_t(400 + n), T, Eg, dt);
         expect_cpu_matches_ref(g, cfg, with_bias ? &bias : nullptr,
@@ -171,19 +165,13 @@ TEST(GroupedTopk, CpuIsDeterministicRunToRun) {
   const Buffer bias = random_bias(9, 256);
   GroupedTopkParams cfg = config(8, 8, 4, Scoring::sigmoid, &bias);
   const Buffer g = certified_logits(78, 1500, 256, cfg, DType::bf16);
-  RunOptions opts;
-  opts.kernel = "grouped_topk_avx512";
   Call a(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f), b(g, 8, 8, 4, Scoring::sigmoid, &bias, true, 2.5f);
-  ASSERT_TRUE(grouped_topk(a.p, opts).ok());
-  ASSERT_TRUE(grouped_topk(b.p, opts).ok());
-  EXPECT_EQ(a.w.bytes, b.w.bytes);
-  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+  routing_test::expect_same_run_to_run(a, b, "grouped_topk_avx512", grouped_topk);
 }
 
 TEST(GroupedTopk, CpuPresetsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  routing_test::expect_presets_pass(Backend::cpu, testing::check_grouped_topk,
-                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
+  routing_test::expect_cpu_presets_pass(testing::check_grouped_topk);
 }
 
 }  // namespace cpu_cases

@@ -3,9 +3,7 @@
 // cases on the model presets. Run: ./build/tests/moekit_tests --gtest_filter='SigmoidTopk*'
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +16,6 @@
 namespace moekit {
 namespace {
 
-using routing_test::expect_error;
 using routing_test::kInf;
 using routing_test::kNaN;
 using testing::Buffer;
@@ -47,9 +44,7 @@ TEST(SigmoidTopk, T0ReturnsOkAndWritesNothing) {
   Buffer g(DType::bf16, {0, 128});
   Call c(g, 1);
   ASSERT_TRUE(c.run().ok());
-  for (const Buffer* b : {&c.w, &c.ids}) {
-    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
-  }
+  routing_test::expect_untouched({&c.w, &c.ids});
 }
 
 TEST(SigmoidTopk, T1Llama4TopOneIsArgmaxWithSigmoidWeight) {
@@ -153,169 +148,75 @@ TEST(SigmoidTopk, LargeNegativeLogitsGiveTinyFiniteWeights) {
 }
 
 TEST(SigmoidTopk, NonFiniteRowsMatchOracleAndIdsStayDistinct) {
-  Rng rng(4);
-  Buffer g(DType::bf16, {40, 10});
-  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
-  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Buffer g = routing_test::pool_logits(4, 40, 10, DType::bf16);
   Call c(g, 4);
   expect_matches_oracle(c, "random non-finite");
-  for (int64_t t = 0; t < 40; ++t) {
-    std::vector<int> ids = c.row_ids(t);
-    std::sort(ids.begin(), ids.end());
-    EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
-    EXPECT_GE(ids.front(), 0);
-    EXPECT_LT(ids.back(), 10);
-  }
+  for (int64_t t = 0; t < 40; ++t) routing_test::expect_distinct_ids(c.row_ids(t), 10);
 }
 
 TEST(SigmoidTopk, RowStridedGatingAndDtypesAgree) {
-  Buffer strided = random_logits(5, 11, 20, DType::f32, 1.0f / 16, 27);
-  Buffer dense(DType::f32, {11, 20}), dbf(DType::bf16, {11, 20}), df16(DType::f16, {11, 20});
-  for (int64_t t = 0; t < 11; ++t) {
-    for (int64_t e = 0; e < 20; ++e) {
-      const float v = strided.get(t * 27 + e);
-      dense.set(t * 20 + e, v);
-      dbf.set(t * 20 + e, v);
-      df16.set(t * 20 + e, v);
-      ASSERT_EQ(dbf.get(t * 20 + e), v);
-    }
-  }
-  Call a(strided, 3);
-  ASSERT_TRUE(a.run().ok());
-  for (const Buffer* other : {&dense, &dbf, &df16}) {
-    Call b(*other, 3);
-    ASSERT_TRUE(b.run().ok());
-    EXPECT_EQ(a.ids.bytes, b.ids.bytes) << dtype_name(other->view.dtype);
-    EXPECT_EQ(a.w.bytes, b.w.bytes) << dtype_name(other->view.dtype);
-  }
+  Buffer strided = random_logits(5, 11, 20, DType::f32, 1.0f / 16, 27);  // exact in bf16 and f16
+  const auto make = [](const Buffer& g) { return Call(g, 3); };
+  Call a = make(strided);
+  ASSERT_NO_FATAL_FAILURE(routing_test::expect_dense_copies_agree(strided, a, make));
   expect_matches_oracle(a, "row-strided");
 }
 
 TEST(SigmoidTopk, InvalidArgumentsNameTheArgument) {
+  using P = SigmoidTopkParams;
   Buffer g(DType::f32, {4, 8});
-  auto fresh = [&] { return Call(g, 2); };
-  {
-    Call c = fresh();
-    c.p.gating = TensorView();
-    expect_error(c.run(), "gating: required");
-  }
-  {
-    Buffer gi(DType::i32, {4, 8});
-    Call c = fresh();
-    c.p.gating = gi.view;
-    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got i32");
-  }
-  {
-    Call c = fresh();
-    c.p.gating.stride[0] = 4;  // rows overlap
-    expect_error(c.run(), "gating: must be 2-D with a contiguous last dim and row stride >= 8");
-  }
-  for (int k : {0, 9}) {
-    Call c = fresh();
-    c.p.k = k;
-    expect_error(c.run(), "k: must be in [1, Eg=8], got " + std::to_string(k));
-  }
-  {
-    Buffer w3(DType::f32, {4, 3});
-    Call c = fresh();
-    c.p.topk_weights = w3.view;
-    expect_error(c.run(), "topk_weights: shape must be [4, 2], got [4, 3]");
-  }
-  {
-    Buffer wh(DType::f16, {4, 2});
-    Call c = fresh();
-    c.p.topk_weights = wh.view;
-    expect_error(c.run(), "topk_weights: dtype must be f32, got f16");
-  }
-  {
-    Call c = fresh();
-    c.p.topk_ids = TensorView();
-    expect_error(c.run(), "topk_ids: required");
-  }
-  {
-    Buffer id5(DType::i32, {5, 2});
-    Call c = fresh();
-    c.p.topk_ids = id5.view;
-    expect_error(c.run(), "topk_ids: shape must be [4, 2], got [5, 2]");
-  }
-  {
-    Call c = fresh();
-    c.p.topk_weights.device = Device::cuda;
-    c.p.topk_weights.device_index = 1;
-    expect_error(c.run(), "topk_weights: is on cuda:1 but gating is on cpu:0");
-  }
+  const routing_test::ArgumentErrors errors([&] { return Call(g, 2); });
+  errors.expect([](P& p) { p.gating = TensorView(); }, "gating: required");
+  errors.expect_replaced(&P::gating, DType::i32, {4, 8}, "gating: dtype must be f32|bf16|f16, got i32");
+  errors.expect([](P& p) { p.gating.stride[0] = 4; },  // rows overlap
+                "gating: must be 2-D with a contiguous last dim and row stride >= 8");
+  for (int k : {0, 9}) errors.expect([k](P& p) { p.k = k; }, "k: must be in [1, Eg=8], got " + std::to_string(k));
+  errors.expect_replaced(&P::topk_weights, DType::f32, {4, 3}, "topk_weights: shape must be [4, 2], got [4, 3]");
+  errors.expect_replaced(&P::topk_weights, DType::f16, {4, 2}, "topk_weights: dtype must be f32, got f16");
+  errors.expect([](P& p) { p.topk_ids = TensorView(); }, "topk_ids: required");
+  errors.expect_replaced(&P::topk_ids, DType::i32, {5, 2}, "topk_ids: shape must be [4, 2], got [5, 2]");
+  errors.expect(
+      [](P& p) {
+        p.topk_weights.device = Device::cuda;
+        p.topk_weights.device_index = 1;
+      },
+      "topk_weights: is on cuda:1 but gating is on cpu:0");
 }
 
 TEST(SigmoidTopk, InvalidCallLeavesOutputsUntouched) {
   Buffer g = random_logits(6, 6, 8, DType::f32);
   Call c(g, 2);
-  Buffer bad_ids(DType::i32, {6, 3});  // checked last: everything before it is valid
-  bad_ids.fill_bytes(0xAB);
-  c.p.topk_ids = bad_ids.view;
-  EXPECT_FALSE(c.run().ok());
-  for (const Buffer* b : {&c.w, &c.ids, &bad_ids}) {
-    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
-  }
+  routing_test::expect_bad_ids_leave_outputs_untouched(c);
 }
 
 TEST(SigmoidTopk, RefKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("sigmoid_topk_ref");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->op, OpKind::sigmoid_topk);
-  EXPECT_EQ(k->backend, Backend::ref);
-  EXPECT_EQ(k->priority, 0);
   Buffer g(DType::f32, {2, 8});
   Call c(g, 1);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  c.p.topk_ids.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("topk_ids"), std::string::npos) << s.message();
+  routing_test::expect_ref_kernel_registered(OpKind::sigmoid_topk, "sigmoid_topk_ref", c.p,
+                                             &SigmoidTopkParams::topk_ids, "topk_ids");
 }
 
 // ------------------------------------------------------------------ random cases
 TEST(SigmoidTopk, RandomMatchesOracle) {
-  struct Shape {
-    int64_t T, E;
-    int k;
-  };
-  const Shape shapes[] = {{1, 128, 1}, {37, 128, 1}, {16, 16, 4}, {9, 257, 8}, {20, 60, 3}};
-  for (uint64_t seed = 1; seed <= 4; ++seed) {
-    for (const Shape& s : shapes) {
-      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+  routing_test::for_each_random_case(
+      {{1, 128, 1}, {37, 128, 1}, {16, 16, 4}, {9, 257, 8}, {20, 60, 3}},
+      [](uint64_t seed, const routing_test::Shape& s, DType dt, const std::string& what) {
         Buffer g = random_logits(seed * 1000 + uint64_t(s.E), s.T, s.E, dt);
         Call c(g, s.k);
-        expect_matches_oracle(c, "seed " + std::to_string(seed) + " T=" + std::to_string(s.T) + " E=" +
-                                     std::to_string(s.E) + " k=" + std::to_string(s.k) + " " + dtype_name(dt));
-      }
-    }
-  }
+        expect_matches_oracle(c, what);
+      });
 }
 
 // ------------------------------------------------------------------ the `moekit check` cases
 TEST(SigmoidTopk, CheckHarnessPassesOnPresets) {
-  for (const char* model : {"llama4", "mixtral", "deepseek-v3", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = std::string(model) == "llama4";
-    const std::vector<testing::CaseResult> results = testing::check_sigmoid_topk(req);
-    EXPECT_GE(results.size(), 6u) << model;
-    for (const testing::CaseResult& r : results) {
-      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
-    }
-  }
+  routing_test::expect_check_harness_passes(
+      testing::check_sigmoid_topk, {"llama4", "mixtral", "deepseek-v3", "qwen3-moe"}, 6, /*require_detail=*/false);
 }
 
 TEST(SigmoidTopk, BenchProblemRuns) {
-  testing::BenchRequest req;
-  req.shape.model = "llama4";
-  std::unique_ptr<testing::BenchProblem> b;
-  ASSERT_TRUE(testing::bench_sigmoid_topk(req, 16, *registry().find("sigmoid_topk_ref"), &b).ok());
-  EXPECT_TRUE(b->run().ok());
-  EXPECT_GT(b->bytes, 0);
-  EXPECT_NE(b->shape.find("k=1"), std::string::npos) << b->shape;
+  routing_test::expect_ref_bench_problem_runs(testing::bench_sigmoid_topk, "llama4", "sigmoid_topk_ref", "k=1",
+                                              /*with_flops=*/false);
 }
-
 
 // ------------------------------------------------------------------ CUDA kernel (sigmoid_topk_sm90)
 // Skipped without a CUDA device. The kernel is compared with sigmoid_topk_ref: ids exactly,
@@ -324,22 +225,10 @@ TEST(SigmoidTopk, BenchProblemRuns) {
 // One problem on the CUDA kernel (mirrored to the device) and on the ref.
 void expect_cuda_matches_ref(const Buffer& gating, int k, const std::string& what) {
   SCOPED_TRACE(what);
-  Call want(gating, k);
-  RunOptions ref_opts;
-  ref_opts.kernel = "sigmoid_topk_ref";
-  ASSERT_TRUE(sigmoid_topk(want.p, ref_opts).ok());
-  Call got(gating, k);
-  testing::DeviceMirror m(Backend::cuda);
-  SigmoidTopkParams p = got.p;
-  ASSERT_TRUE(m.input(&p.gating).ok());
-  ASSERT_TRUE(m.output(&p.topk_weights).ok());
-  ASSERT_TRUE(m.output(&p.topk_ids).ok());
-  RunOptions opts;
-  opts.kernel = "sigmoid_topk_sm90";
-  const Status s = sigmoid_topk(p, opts);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  ASSERT_TRUE(m.copy_back().ok());
-  got.expect_outputs_match(want);
+  Call want(gating, k), got(gating, k);
+  routing_test::expect_cuda_kernel_matches_ref(got, want, "sigmoid_topk_sm90", "sigmoid_topk_ref", sigmoid_topk,
+                                               {&SigmoidTopkParams::gating},
+                                               {&SigmoidTopkParams::topk_weights, &SigmoidTopkParams::topk_ids});
 }
 
 TEST(SigmoidTopk, CudaEdgeCasesMatchRef) {
@@ -349,15 +238,11 @@ TEST(SigmoidTopk, CudaEdgeCasesMatchRef) {
 
 TEST(SigmoidTopk, CudaNonFiniteAndTiedRowsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cuda_unavailable());
-  int n = 0;
-  for (int64_t Eg : {8, 60, 257, 512}) {
-    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
-      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
-      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), 97, Eg, dt);
-      expect_cuda_matches_ref(g, k, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k) + " " + dtype_name(dt));
-      ++n;
-    }
-  }
+  routing_test::for_each_nonfinite_case(
+      {8, 60, 257, 512}, 200, [](int64_t, int) { return int64_t(97); },
+      [](const Buffer& g, int k, int, DType dt, const std::string& what) {
+        expect_cuda_matches_ref(g, k, what + " " + dtype_name(dt));
+      });
 }
 
 TEST(SigmoidTopk, CudaRandomShapesMatchRef) {
@@ -403,54 +288,33 @@ TEST(SigmoidTopk, CpuEdgeCasesMatchRef) {
 // k = 1 and k = E, strided rows, ties (1/4 grid), and problems big enough for every thread.
 TEST(SigmoidTopk, CpuThreadSplitAndVectorTailsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  struct Shape {
-    int64_t T, E;
-    int k;
-    int64_t stride;
-  };
-  const Shape shapes[] = {{1031, 128, 1, 0}, {517, 257, 8, 0}, {33, 17, 17, 0}, {3, 1, 1, 0},
-                          {64, 130, 32, 0},  {301, 100, 2, 113}, {4099, 16, 1, 0}};
-  int n = 0;
-  for (const Shape& s : shapes) {
-    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
+  const std::vector<routing_test::Shape> shapes = {{1031, 128, 1, 0}, {517, 257, 8, 0},   {33, 17, 17, 0}, {3, 1, 1, 0},
+                                                   {64, 130, 32, 0},  {301, 100, 2, 113}, {4099, 16, 1, 0}};
+  routing_test::for_each_cpu_shape(shapes, [](const routing_test::Shape& s, int n, DType dt) {
     const Buffer g = random_logits(uint64_t(40 + n), s.T, s.E, dt, n % 2 ? 0.25f : 1.0f / 256, s.stride);
-    expect_cpu_matches_ref(g, s.k,
-                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
-    ++n;
-  }
+    expect_cpu_matches_ref(g, s.k, routing_test::shape_name(s));
+  });
 }
 
 TEST(SigmoidTopk, CpuNonFiniteAndTiedRowsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  int n = 0;
-  for (int64_t Eg : {8, 60, 257}) {
-    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
-      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
-      const int64_t T = Eg == 257 && k == 1 ? 1031 : 97;  // one problem large enough for every thread
-      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), T, Eg, dt);
-      expect_cpu_matches_ref(g, k, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
-      ++n;
-    }
-  }
+  // T = 97, but 1031 for one problem: large enough for every thread.
+  routing_test::for_each_nonfinite_case(
+      {8, 60, 257}, 200, [](int64_t Eg, int k) { return Eg == 257 && k == 1 ? int64_t(1031) : int64_t(97); },
+      [](const Buffer& g, int k, int, DType, const std::string& what) { expect_cpu_matches_ref(g, k, what); });
 }
 
 // A big call equals itself run to run (fixed partition; no dependence on scheduling).
 TEST(SigmoidTopk, CpuIsDeterministicRunToRun) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
   const Buffer g = random_logits(78, 1500, 128, DType::bf16);
-  RunOptions opts;
-  opts.kernel = "sigmoid_topk_avx512";
   Call a(g, 4), b(g, 4);
-  ASSERT_TRUE(sigmoid_topk(a.p, opts).ok());
-  ASSERT_TRUE(sigmoid_topk(b.p, opts).ok());
-  EXPECT_EQ(a.w.bytes, b.w.bytes);
-  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
+  routing_test::expect_same_run_to_run(a, b, "sigmoid_topk_avx512", sigmoid_topk);
 }
 
 TEST(SigmoidTopk, CpuPresetsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  routing_test::expect_presets_pass(Backend::cpu, testing::check_sigmoid_topk,
-                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
+  routing_test::expect_cpu_presets_pass(testing::check_sigmoid_topk);
 }
 
 }  // namespace cpu_cases

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,9 +66,7 @@ TEST(TopkSoftmax, T0ReturnsOkAndWritesNothing) {
   Buffer g(DType::bf16, {0, 8});
   Call c(g, 2, true);
   ASSERT_TRUE(c.run().ok());
-  for (const Buffer* b : {&c.w, &c.ids, &c.tei}) {
-    for (unsigned char byte : b->bytes) EXPECT_EQ(byte, 0xAB);
-  }
+  routing_test::expect_untouched({&c.w, &c.ids, &c.tei});
 }
 
 TEST(TopkSoftmax, T1MatchesClosedForm) {
@@ -182,18 +179,11 @@ TEST(TopkSoftmax, PlusInfLogitsShareTheMass) {
 }
 
 TEST(TopkSoftmax, NonFiniteRowsMatchOracleAndIdsStayDistinct) {
-  Rng rng(6);
-  Buffer g(DType::f32, {40, 10});
-  const float pool[] = {kNaN, kInf, -kInf, 0.0f, 1.0f, -1.0f, 2.5f};
-  for (int64_t i = 0; i < g.numel(); ++i) g.set(i, pool[rng.integer(0, 6)]);
+  Buffer g = routing_test::pool_logits(6, 40, 10, DType::f32);
   Call c(g, 4, true);
   expect_matches_oracle(c, "random non-finite");
   for (int64_t t = 0; t < 40; ++t) {
-    std::vector<int> ids = c.row_ids(t);
-    std::sort(ids.begin(), ids.end());
-    EXPECT_EQ(std::unique(ids.begin(), ids.end()), ids.end());
-    EXPECT_GE(ids.front(), 0);
-    EXPECT_LT(ids.back(), 10);
+    routing_test::expect_distinct_ids(c.row_ids(t), 10);
     for (float w : c.row_w(t)) EXPECT_TRUE(std::isfinite(w));
   }
 }
@@ -207,8 +197,7 @@ TEST(TopkSoftmax, RowStridedGatingMatchesContiguous) {
   Call a(strided, 4, true), b(dense, 4, true);
   ASSERT_TRUE(a.run().ok());
   ASSERT_TRUE(b.run().ok());
-  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
-  EXPECT_EQ(a.w.bytes, b.w.bytes);
+  a.expect_same_outputs(b);
   expect_matches_oracle(a, "row-strided");
 }
 
@@ -258,100 +247,39 @@ TEST(TopkSoftmax, TokenExpertIndicesPresentOrAbsent) {
   for (int64_t t = 0; t < 5; ++t) {
     for (int j = 0; j < 3; ++j) EXPECT_EQ(with.tei.data<int32_t>()[t * 3 + j], j * 5 + t);
   }
-  for (unsigned char byte : without.tei.bytes) EXPECT_EQ(byte, 0xAB);  // not passed, not touched
-  EXPECT_EQ(with.ids.bytes, without.ids.bytes);
-  EXPECT_EQ(with.w.bytes, without.w.bytes);
+  routing_test::expect_untouched({&without.tei});  // not passed, not touched
+  with.expect_same_outputs(without);
 }
 
 TEST(TopkSoftmax, InvalidArgumentsNameTheArgument) {
+  using P = TopkSoftmaxParams;
   Buffer g(DType::f32, {4, 8});
-  auto fresh = [&] { return Call(g, 2); };
-  {
-    Call c = fresh();
-    c.p.gating = TensorView();
-    expect_error(c.run(), "gating: required");
-  }
-  {
-    Buffer gi(DType::i32, {4, 8});
-    Call c = fresh();
-    c.p.gating = gi.view;
-    expect_error(c.run(), "gating: dtype must be f32|bf16|f16, got i32");
-  }
-  {
-    Buffer g3(DType::f32, {2, 2, 8});
-    Call c = fresh();
-    c.p.gating = g3.view;
-    expect_error(c.run(), "gating: shape must be [*, *], got [2, 2, 8]");
-  }
-  {
-    Call c = fresh();
-    c.p.gating.stride[1] = 2;
-    expect_error(c.run(), "gating: must be 2-D with a contiguous last dim");
-  }
-  {
-    Buffer g0(DType::f32, {4, 0});
-    Call c = fresh();
-    c.p.gating = g0.view;
-    expect_error(c.run(), "gating: number of experts (dim 1) must be >= 1, got 0");
-  }
+  const routing_test::ArgumentErrors errors([&] { return Call(g, 2); });
+  errors.expect([](P& p) { p.gating = TensorView(); }, "gating: required");
+  errors.expect_replaced(&P::gating, DType::i32, {4, 8}, "gating: dtype must be f32|bf16|f16, got i32");
+  errors.expect_replaced(&P::gating, DType::f32, {2, 2, 8}, "gating: shape must be [*, *], got [2, 2, 8]");
+  errors.expect([](P& p) { p.gating.stride[1] = 2; }, "gating: must be 2-D with a contiguous last dim");
+  errors.expect_replaced(&P::gating, DType::f32, {4, 0}, "gating: number of experts (dim 1) must be >= 1, got 0");
   for (int k : {0, 9, -1}) {
-    Call c = fresh();
-    c.p.k = k;
-    expect_error(c.run(), "k: must be in [1, Eg=8], got " + std::to_string(k));
+    errors.expect([k](P& p) { p.k = k; }, "k: must be in [1, Eg=8], got " + std::to_string(k));
   }
-  {
-    Call c = fresh();
-    c.p.topk_weights = TensorView();
-    expect_error(c.run(), "topk_weights: required");
-  }
-  {
-    Buffer wb(DType::bf16, {4, 2});
-    Call c = fresh();
-    c.p.topk_weights = wb.view;
-    expect_error(c.run(), "topk_weights: dtype must be f32, got bf16");
-  }
-  {
-    Buffer w3(DType::f32, {4, 3});
-    Call c = fresh();
-    c.p.topk_weights = w3.view;
-    expect_error(c.run(), "topk_weights: shape must be [4, 2], got [4, 3]");
-  }
-  {
-    Buffer wide(DType::f32, {4, 4});
-    Call c = fresh();
-    c.p.topk_weights = wide.view;
-    c.p.topk_weights.shape[1] = 2;  // row stride 4: not contiguous
-    expect_error(c.run(), "topk_weights: must be contiguous");
-  }
-  {
-    Buffer idf(DType::f32, {4, 2});
-    Call c = fresh();
-    c.p.topk_ids = idf.view;
-    expect_error(c.run(), "topk_ids: dtype must be i32, got f32");
-  }
-  {
-    Buffer id5(DType::i32, {5, 2});
-    Call c = fresh();
-    c.p.topk_ids = id5.view;
-    expect_error(c.run(), "topk_ids: shape must be [4, 2], got [5, 2]");
-  }
-  {
-    Call c = fresh();
-    c.p.topk_ids.device = Device::cuda;
-    expect_error(c.run(), "topk_ids: is on cuda:0 but gating is on cpu:0");
-  }
-  {
-    Buffer t3(DType::i32, {4, 3});
-    Call c = fresh();
-    c.p.token_expert_indices = t3.view;
-    expect_error(c.run(), "token_expert_indices: shape must be [4, 2], got [4, 3]");
-  }
-  {
-    Buffer tf(DType::f32, {4, 2});
-    Call c = fresh();
-    c.p.token_expert_indices = tf.view;
-    expect_error(c.run(), "token_expert_indices: dtype must be i32, got f32");
-  }
+  errors.expect([](P& p) { p.topk_weights = TensorView(); }, "topk_weights: required");
+  errors.expect_replaced(&P::topk_weights, DType::bf16, {4, 2}, "topk_weights: dtype must be f32, got bf16");
+  errors.expect_replaced(&P::topk_weights, DType::f32, {4, 3}, "topk_weights: shape must be [4, 2], got [4, 3]");
+  Buffer wide(DType::f32, {4, 4});
+  errors.expect(
+      [&](P& p) {
+        p.topk_weights = wide.view;
+        p.topk_weights.shape[1] = 2;  // row stride 4: not contiguous
+      },
+      "topk_weights: must be contiguous");
+  errors.expect_replaced(&P::topk_ids, DType::f32, {4, 2}, "topk_ids: dtype must be i32, got f32");
+  errors.expect_replaced(&P::topk_ids, DType::i32, {5, 2}, "topk_ids: shape must be [4, 2], got [5, 2]");
+  errors.expect([](P& p) { p.topk_ids.device = Device::cuda; }, "topk_ids: is on cuda:0 but gating is on cpu:0");
+  errors.expect_replaced(&P::token_expert_indices, DType::i32, {4, 3},
+                         "token_expert_indices: shape must be [4, 2], got [4, 3]");
+  errors.expect_replaced(&P::token_expert_indices, DType::f32, {4, 2},
+                         "token_expert_indices: dtype must be i32, got f32");
 }
 
 // Never dereferenced: validation fails before any access.
@@ -378,69 +306,38 @@ TEST(TopkSoftmax, InvalidCallLeavesOutputsUntouched) {
   EXPECT_FALSE(c.run().ok());
   EXPECT_EQ(c.w.bytes, w0.bytes);
   EXPECT_EQ(c.ids.bytes, ids0.bytes);
-  for (unsigned char byte : bad_tei.bytes) EXPECT_EQ(byte, 0xAB);
+  routing_test::expect_untouched({&bad_tei});
 }
 
 TEST(TopkSoftmax, RefKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("topk_softmax_ref");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->op, OpKind::topk_softmax);
-  EXPECT_EQ(k->backend, Backend::ref);
-  EXPECT_EQ(k->priority, 0);
   Buffer g(DType::f32, {2, 8});
   Call c(g, 2);
-  EXPECT_TRUE(k->supports(&c.p).ok());
-  c.p.gating.device = Device::cuda;
-  const Status s = k->supports(&c.p);
-  EXPECT_EQ(s.code(), StatusCode::unsupported);
-  EXPECT_NE(s.message().find("gating"), std::string::npos) << s.message();
+  routing_test::expect_ref_kernel_registered(OpKind::topk_softmax, "topk_softmax_ref", c.p, &TopkSoftmaxParams::gating,
+                                             "gating");
 }
 
 // ------------------------------------------------------------------ random cases
 TEST(TopkSoftmax, RandomMatchesOracle) {
-  struct Shape {
-    int64_t T, E;
-    int k;
-  };
-  const Shape shapes[] = {{1, 8, 2}, {33, 8, 2}, {17, 128, 8}, {5, 256, 8}, {24, 60, 4}, {7, 257, 6}};
-  for (uint64_t seed = 1; seed <= 4; ++seed) {
-    for (const Shape& s : shapes) {
-      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+  routing_test::for_each_random_case(
+      {{1, 8, 2}, {33, 8, 2}, {17, 128, 8}, {5, 256, 8}, {24, 60, 4}, {7, 257, 6}},
+      [](uint64_t seed, const routing_test::Shape& s, DType dt, const std::string& what) {
         Buffer g = certified_logits(seed * 1000 + uint64_t(s.E), s.T, s.E, s.k, dt);
         Call c(g, s.k, (seed + uint64_t(s.T)) % 2 == 0, seed % 2 == 1);
-        expect_matches_oracle(c, "seed " + std::to_string(seed) + " T=" + std::to_string(s.T) + " E=" +
-                                     std::to_string(s.E) + " k=" + std::to_string(s.k) + " " + dtype_name(dt));
-      }
-    }
-  }
+        expect_matches_oracle(c, what);
+      });
 }
 
 // ------------------------------------------------------------------ the `moekit check` cases
+// The edge cases run on mixtral only: they do not depend on the preset.
 TEST(TopkSoftmax, CheckHarnessPassesOnPresets) {
-  for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
-    testing::CheckRequest req;
-    req.shape.model = model;
-    req.edge_cases = std::string(model) == "mixtral";  // the edge cases do not depend on the preset
-    const std::vector<testing::CaseResult> results = testing::check_topk_softmax(req);
-    EXPECT_GE(results.size(), 6u) << model;
-    for (const testing::CaseResult& r : results) {
-      EXPECT_TRUE(r.ok) << model << " / " << r.kernel << " / " << r.name << ": " << r.detail;
-      EXPECT_FALSE(r.detail.empty());
-    }
-  }
+  routing_test::expect_check_harness_passes(
+      testing::check_topk_softmax, {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, 6, /*require_detail=*/true);
 }
 
 TEST(TopkSoftmax, BenchProblemRuns) {
-  testing::BenchRequest req;
-  req.shape.model = "qwen3-moe";
-  std::unique_ptr<testing::BenchProblem> b;
-  ASSERT_TRUE(testing::bench_topk_softmax(req, 16, *registry().find("topk_softmax_ref"), &b).ok());
-  EXPECT_TRUE(b->run().ok());
-  EXPECT_GT(b->bytes, 0);
-  EXPECT_GT(b->flops, 0);
-  EXPECT_NE(b->shape.find("E=128"), std::string::npos) << b->shape;
+  routing_test::expect_ref_bench_problem_runs(testing::bench_topk_softmax, "qwen3-moe", "topk_softmax_ref", "E=128",
+                                              /*with_flops=*/true);
 }
-
 
 // ------------------------------------------------------------------ CUDA kernel (topk_softmax_sm90)
 // Skipped without a CUDA device. The kernel is compared with topk_softmax_ref: ids and
@@ -449,23 +346,11 @@ TEST(TopkSoftmax, BenchProblemRuns) {
 // One problem on the CUDA kernel (mirrored to the device) and on the ref.
 void expect_cuda_matches_ref(const Buffer& gating, int k, bool renormalize, const std::string& what) {
   SCOPED_TRACE(what);
-  Call want(gating, k, renormalize);
-  RunOptions ref_opts;
-  ref_opts.kernel = "topk_softmax_ref";
-  ASSERT_TRUE(topk_softmax(want.p, ref_opts).ok());
-  Call got(gating, k, renormalize);
-  testing::DeviceMirror m(Backend::cuda);
-  TopkSoftmaxParams p = got.p;
-  ASSERT_TRUE(m.input(&p.gating).ok());
-  ASSERT_TRUE(m.output(&p.topk_weights).ok());
-  ASSERT_TRUE(m.output(&p.topk_ids).ok());
-  ASSERT_TRUE(m.output(&p.token_expert_indices).ok());
-  RunOptions opts;
-  opts.kernel = "topk_softmax_sm90";
-  const Status s = topk_softmax(p, opts);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  ASSERT_TRUE(m.copy_back().ok());
-  got.expect_outputs_match(want);
+  using P = TopkSoftmaxParams;
+  Call want(gating, k, renormalize), got(gating, k, renormalize);
+  ASSERT_NO_FATAL_FAILURE(routing_test::expect_cuda_kernel_matches_ref(
+      got, want, "topk_softmax_sm90", "topk_softmax_ref", topk_softmax, {&P::gating},
+      {&P::topk_weights, &P::topk_ids, &P::token_expert_indices}));
   const testing::Metrics mt = testing::compare_exact(testing::to_ints(got.tei.view), testing::to_ints(want.tei.view),
                                                      {want.p.gating.shape[0], int64_t(k)});
   EXPECT_EQ(mt.mismatches, 0) << mt.worst;
@@ -498,16 +383,11 @@ TEST(TopkSoftmax, CudaEdgeCasesMatchRef) {
 
 TEST(TopkSoftmax, CudaNonFiniteAndTiedRowsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cuda_unavailable());
-  int n = 0;
-  for (int64_t Eg : {8, 60, 257, 512}) {
-    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
-      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
-      const Buffer g = routing_test::nonfinite_logits(uint64_t(100 + n), 97, Eg, dt);
-      expect_cuda_matches_ref(g, k, n % 2 == 0, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k) + " " +
-                                                    dtype_name(dt));
-      ++n;
-    }
-  }
+  routing_test::for_each_nonfinite_case(
+      {8, 60, 257, 512}, 100, [](int64_t, int) { return int64_t(97); },
+      [](const Buffer& g, int k, int n, DType dt, const std::string& what) {
+        expect_cuda_matches_ref(g, k, n % 2 == 0, what + " " + dtype_name(dt));
+      });
 }
 
 TEST(TopkSoftmax, CudaRandomShapesMatchRef) {
@@ -555,35 +435,22 @@ TEST(TopkSoftmax, CpuEdgeCasesMatchRef) {
 // k = 1 and k = E, strided rows, and problems big enough to run on every thread.
 TEST(TopkSoftmax, CpuThreadSplitAndVectorTailsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  struct Shape {
-    int64_t T, E;
-    int k;
-    int64_t stride;
-  };
-  const Shape shapes[] = {{1031, 60, 4, 0}, {517, 257, 8, 0}, {33, 17, 17, 0}, {3, 1, 1, 0},
-                          {64, 130, 32, 0}, {301, 100, 2, 113}, {2049, 8, 2, 0}};
-  int n = 0;
-  for (const Shape& s : shapes) {
-    const DType dt = n % 3 == 0 ? DType::bf16 : n % 3 == 1 ? DType::f32 : DType::f16;
+  const std::vector<routing_test::Shape> shapes = {{1031, 60, 4, 0}, {517, 257, 8, 0},   {33, 17, 17, 0}, {3, 1, 1, 0},
+                                                   {64, 130, 32, 0}, {301, 100, 2, 113}, {2049, 8, 2, 0}};
+  routing_test::for_each_cpu_shape(shapes, [](const routing_test::Shape& s, int n, DType dt) {
     const Buffer g = certified_logits(uint64_t(40 + n), s.T, s.E, s.k, dt, 1.0f / 256, s.stride);
-    expect_cpu_matches_ref(g, s.k, n % 2 == 0,
-                           "T=" + std::to_string(s.T) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k));
-    ++n;
-  }
+    expect_cpu_matches_ref(g, s.k, n % 2 == 0, routing_test::shape_name(s));
+  });
 }
 
 TEST(TopkSoftmax, CpuNonFiniteAndTiedRowsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  int n = 0;
-  for (int64_t Eg : {8, 60, 257}) {
-    for (int k : {1, 4, int(std::min<int64_t>(Eg, 32))}) {
-      const DType dt = n % 3 == 0 ? DType::f32 : n % 3 == 1 ? DType::bf16 : DType::f16;
-      const int64_t T = Eg == 60 && k == 4 ? 1031 : 97;  // one problem large enough for every thread
-      const Buffer g = routing_test::nonfinite_logits(uint64_t(200 + n), T, Eg, dt);
-      expect_cpu_matches_ref(g, k, n % 2 == 0, "Eg=" + std::to_string(Eg) + " k=" + std::to_string(k));
-      ++n;
-    }
-  }
+  // T = 97, but 1031 for one problem: large enough for every thread.
+  routing_test::for_each_nonfinite_case(
+      {8, 60, 257}, 200, [](int64_t Eg, int k) { return Eg == 60 && k == 4 ? int64_t(1031) : int64_t(97); },
+      [](const Buffer& g, int k, int n, DType, const std::string& what) {
+        expect_cpu_matches_ref(g, k, n % 2 == 0, what);
+      });
 }
 
 // Distinct logits whose probabilities round to the same f32 (exp underflowing to 0, logits one ulp
@@ -641,13 +508,10 @@ TEST(TopkSoftmax, CpuIsDeterministicAndIndependentOfTheThreadSplit) {
   const int64_t T = 1500, E = 64;
   const int k = 6;
   const Buffer g = certified_logits(77, T, E, k, DType::bf16);
+  Call a(g, k, true), b(g, k, true);
+  ASSERT_NO_FATAL_FAILURE(routing_test::expect_same_run_to_run(a, b, "topk_softmax_avx512", topk_softmax));
   RunOptions opts;
   opts.kernel = "topk_softmax_avx512";
-  Call a(g, k, true), b(g, k, true);
-  ASSERT_TRUE(topk_softmax(a.p, opts).ok());
-  ASSERT_TRUE(topk_softmax(b.p, opts).ok());
-  EXPECT_EQ(a.w.bytes, b.w.bytes);
-  EXPECT_EQ(a.ids.bytes, b.ids.bytes);
   for (int64_t t0 : {int64_t(0), int64_t(749), T - 3}) {
     Buffer slice(DType::bf16, {3, E});
     std::copy_n(g.bytes.begin() + t0 * E * 2, 3 * E * 2, slice.bytes.begin());
@@ -662,8 +526,7 @@ TEST(TopkSoftmax, CpuIsDeterministicAndIndependentOfTheThreadSplit) {
 
 TEST(TopkSoftmax, CpuPresetsMatchRef) {
   ROUTING_SKIP_IF(routing_test::cpu_unavailable());
-  routing_test::expect_presets_pass(Backend::cpu, testing::check_topk_softmax,
-                                    {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}, {1, 63, 600});
+  routing_test::expect_cpu_presets_pass(testing::check_topk_softmax);
 }
 
 }  // namespace cpu_cases
