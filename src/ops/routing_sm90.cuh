@@ -21,8 +21,10 @@
 
 #include <cstdint>
 
+#include "cuda/cuda_utils.h"
 #include "moekit/core/dtype.h"
 #include "moekit/core/status.h"
+#include "moekit/core/tensor_view.h"
 
 namespace moekit::cuda::routing {
 
@@ -188,6 +190,37 @@ void with_values_per_lane(int64_t Eg, Launch&& launch) {
     case 8: launch(std::integral_constant<int, 8>{}); break;
     default: launch(std::integral_constant<int, 16>{}); break;
   }
+}
+
+// The fields every routing kernel's arguments start with (each op's Args derives from it and adds
+// its own after them): the gating rows and the problem's sizes.
+struct RowArgs {
+  const void* gating;
+  DType dtype;
+  int64_t row_stride;  // elements
+  int64_t T;
+  int Eg, k;
+};
+
+// a's RowArgs fields for gating [T, Eg] (rows strided) and k picks per row.
+inline void set_row_args(RowArgs& a, const TensorView& gating, int k) {
+  a.gating = gating.data;
+  a.dtype = gating.dtype;
+  a.row_stride = gating.stride[0];
+  a.T = gating.shape[0];
+  a.Eg = int(gating.shape[1]);
+  a.k = k;
+}
+
+// Launches kernel(vpt) (the kernel's instance for std::integral_constant<int, VPT>, with_values_per_lane)
+// over a.T rows, a warp each, on stream s; nothing for T = 0. Launch errors name `what`.
+template <class A, class Pick>
+Status launch_rows(const A& a, cudaStream_t s, const char* what, Pick kernel) {
+  if (a.T == 0) return Status::Ok();
+  with_values_per_lane(a.Eg, [&](auto vpt) {
+    kernel(vpt)<<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, s>>>(a);
+  });
+  return last_launch(what);
 }
 
 }  // namespace moekit::cuda::routing

@@ -26,12 +26,8 @@ namespace {
 
 using namespace routing;
 
-struct Args {
-  const void* gating;
-  DType dtype;
-  int64_t row_stride;  // elements
-  int64_t T;
-  int Eg, k, n_group, topk_group;
+struct Args : RowArgs {
+  int n_group, topk_group;
   bool sigmoid;
   bool renormalize;
   float rsf;
@@ -165,12 +161,7 @@ Status supports(const GroupedTopkParams& p) {
 
 Status run(const GroupedTopkParams& p, const RunContext& ctx) {
   Args a;
-  a.gating = p.gating.data;
-  a.dtype = p.gating.dtype;
-  a.row_stride = p.gating.stride[0];
-  a.T = p.gating.shape[0];
-  a.Eg = int(p.gating.shape[1]);
-  a.k = p.k;
+  set_row_args(a, p.gating, p.k);
   a.n_group = p.n_group;
   a.topk_group = p.topk_group;
   a.sigmoid = p.scoring == Scoring::sigmoid;
@@ -179,12 +170,8 @@ Status run(const GroupedTopkParams& p, const RunContext& ctx) {
   a.bias = p.correction_bias.present() ? p.correction_bias.ptr<float>() : nullptr;
   a.weights = p.topk_weights.ptr<float>();
   a.ids = p.topk_ids.ptr<int32_t>();
-  if (a.T == 0) return Status::Ok();
-  auto stream = static_cast<cudaStream_t>(ctx.stream);
-  with_values_per_lane(a.Eg, [&](auto vpt) {
-    grouped_topk_kernel<decltype(vpt)::value><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
-  });
-  return last_launch("grouped_topk_sm90");
+  return launch_rows(a, static_cast<cudaStream_t>(ctx.stream), "grouped_topk_sm90",
+                     [](auto vpt) { return grouped_topk_kernel<decltype(vpt)::value>; });
 }
 
 }  // namespace

@@ -18,12 +18,7 @@ namespace {
 
 using namespace routing;
 
-struct Args {
-  const void* gating;
-  DType dtype;
-  int64_t row_stride;  // elements
-  int64_t T;
-  int Eg, k;
+struct Args : RowArgs {
   float* weights;
   int32_t* ids;
 };
@@ -55,20 +50,11 @@ Status supports(const SigmoidTopkParams& p) {
 
 Status run(const SigmoidTopkParams& p, const RunContext& ctx) {
   Args a;
-  a.gating = p.gating.data;
-  a.dtype = p.gating.dtype;
-  a.row_stride = p.gating.stride[0];
-  a.T = p.gating.shape[0];
-  a.Eg = int(p.gating.shape[1]);
-  a.k = p.k;
+  set_row_args(a, p.gating, p.k);
   a.weights = p.topk_weights.ptr<float>();
   a.ids = p.topk_ids.ptr<int32_t>();
-  if (a.T == 0) return Status::Ok();
-  auto stream = static_cast<cudaStream_t>(ctx.stream);
-  with_values_per_lane(a.Eg, [&](auto vpt) {
-    sigmoid_topk_kernel<decltype(vpt)::value><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
-  });
-  return last_launch("sigmoid_topk_sm90");
+  return launch_rows(a, static_cast<cudaStream_t>(ctx.stream), "sigmoid_topk_sm90",
+                     [](auto vpt) { return sigmoid_topk_kernel<decltype(vpt)::value>; });
 }
 
 }  // namespace

@@ -20,12 +20,7 @@ namespace {
 
 using namespace routing;
 
-struct Args {
-  const void* gating;
-  DType dtype;
-  int64_t row_stride;  // elements
-  int64_t T;
-  int Eg, k;
+struct Args : RowArgs {
   bool renormalize;
   float* weights;
   int32_t* ids;
@@ -80,22 +75,13 @@ Status supports(const TopkSoftmaxParams& p) {
 
 Status run(const TopkSoftmaxParams& p, const RunContext& ctx) {
   Args a;
-  a.gating = p.gating.data;
-  a.dtype = p.gating.dtype;
-  a.row_stride = p.gating.stride[0];
-  a.T = p.gating.shape[0];
-  a.Eg = int(p.gating.shape[1]);
-  a.k = p.k;
+  set_row_args(a, p.gating, p.k);
   a.renormalize = p.renormalize;
   a.weights = p.topk_weights.ptr<float>();
   a.ids = p.topk_ids.ptr<int32_t>();
   a.tei = p.token_expert_indices.present() ? p.token_expert_indices.ptr<int32_t>() : nullptr;
-  if (a.T == 0) return Status::Ok();
-  auto stream = static_cast<cudaStream_t>(ctx.stream);
-  with_values_per_lane(a.Eg, [&](auto vpt) {
-    topk_softmax_kernel<decltype(vpt)::value><<<ceil_div(a.T, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(a);
-  });
-  return last_launch("topk_softmax_sm90");
+  return launch_rows(a, static_cast<cudaStream_t>(ctx.stream), "topk_softmax_sm90",
+                     [](auto vpt) { return topk_softmax_kernel<decltype(vpt)::value>; });
 }
 
 }  // namespace
