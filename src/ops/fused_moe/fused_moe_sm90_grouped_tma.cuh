@@ -302,6 +302,7 @@ struct WsShape {
   static constexpr int kBM = 64 * kWgs;
   static constexpr int kConsumerWarps = 4 * kWgs;
   static constexpr bool kProducerWg = kWgs == 3;
+  static constexpr bool kPairs = kWgs == 3;  // ws_consume_tile's m64n128 pairs (fp8)
   static constexpr int kThreads = 32 * kConsumerWarps + (kProducerWg ? 128 : 32);
   static constexpr int kProducerRegs = 24, kConsumerRegs = 160;
   static_assert(!kProducerWg || 32 * kConsumerWarps * kConsumerRegs + 128 * kProducerRegs <= 65536,
@@ -342,7 +343,7 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
     AccW acc;
-    ws_consume_tile<TT, Shape::kProducerWg>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+    ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
     epi(it, acc);
   }
 }
