@@ -53,8 +53,7 @@ WsLayout layout_of(const FusedMoeParams& p) {
   const int bm = tile_m_of(p);
   WsLayout l{};
   l.tk = d.T * d.k;
-  // sum_e ceil(c_e / BM) <= floor(Tk / BM) + (number of non-empty experts).
-  l.tiles_max = (l.tk + bm - 1) / bm + std::min<int64_t>(d.E, l.tk);
+  l.tiles_max = fused_moe_sm90_grouped_tiles_max(l.tk, d.E, bm);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;

@@ -70,6 +70,13 @@ constexpr bool fused_moe_sm90_grouped_uses_tma(int tile_m) {
   return MOEKIT_GROUPED_TMA != 0 && fused_moe_sm90_grouped_uses_wgmma(tile_m);
 }
 
+// The most M tiles of bm rows that tk routed rows over E experts can need, the routing lists' length:
+// sum_e ceil(c_e / bm) <= floor(tk / bm) + (non-empty experts), bounded as (tk + bm - 1) / bm + min(E, tk).
+// Pure (host and tests).
+constexpr int64_t fused_moe_sm90_grouped_tiles_max(int64_t tk, int64_t E, int64_t bm) {
+  return (tk + bm - 1) / bm + (E < tk ? E : tk);
+}
+
 // K ranges of the TMA path's gemm2 (split K; each range writes its own f32 partial y, the reduce
 // adds them in range order, so results stay deterministic): 2 when the work list (at most tiles_max
 // M tiles x n_tiles N tiles of 128 x 256) fits in two waves of 132 CTAs (the H200's SMs) and K has

@@ -18,6 +18,7 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/pdl.cuh"
 #include "moekit/ops/fused_moe.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
 
 namespace moekit::cuda::grouped {
 namespace {
@@ -261,7 +262,7 @@ inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int
   const MoeDims d = moe_dims(p);
   Fp8Workspace l{};
   l.tk = d.T * d.k;
-  l.tiles_max = (l.tk + bm - 1) / bm + std::min<int64_t>(d.E, l.tk);  // bm-row M tiles
+  l.tiles_max = fused_moe_sm90_grouped_tiles_max(l.tk, d.E, bm);
   l.splits = splits;
   size_t off = 0;
   auto take = [&](size_t bytes) {

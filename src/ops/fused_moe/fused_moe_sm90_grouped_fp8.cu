@@ -54,7 +54,7 @@ Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) 
     const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes) : 1;
     return fp8_workspace(p, 1, 1, splits, bm);
   }
-  const int64_t tk = d.T * d.k, tiles_max = (tk + bm - 1) / bm + std::min<int64_t>(d.E, tk);
+  const int64_t tiles_max = fused_moe_sm90_grouped_tiles_max(d.T * d.k, d.E, bm);
   return fp8_workspace(p, 1, 1, fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes),
                        bm);
 }
