@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "fused_moe_fp8_test_util.h"
@@ -38,7 +37,15 @@ constexpr const char* kAutoTkw1 = "fused_moe_sm90_fp8_row_tkw1";
 
 #define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow)
 
-void expect_matches_ref(MoeProblem& prob) { moe_test::expect_fp8_cuda_matches_ref(prob, kRow, kTkw1); }
+// A per-row kernel and its router-weight-on-input twin.
+struct RowPair {
+  const char *row, *tkw1;
+};
+constexpr RowPair kRow128{kRow, kTkw1};
+
+void expect_matches_ref(MoeProblem& prob, RowPair k = kRow128, MoeCompare c = MoeCompare::kernel_vs_ref) {
+  moe_test::expect_fp8_cuda_matches_ref(prob, k.row, k.tkw1, c);
+}
 
 // Refused by design: shuffled and CPU-packed weights, H or I not multiples of 128 (the tma64 kernels:
 // H not a multiple of 256).
@@ -50,20 +57,20 @@ bool may_skip(const std::string& name, const std::string& detail) {
 
 // The harness edge cases at T = 1, 8, 64, 300, per tensor and per row, each with the router weight on
 // the input too: every listed (kernel, tkw1 twin) pair ran and matched (refusals only by design).
-void expect_edge_cases_ran(const std::vector<std::pair<const char*, const char*>>& kernels) {
+void expect_edge_cases_ran(const std::vector<RowPair>& kernels) {
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
       const std::vector<CaseResult> results =
           check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input));
-      for (const auto& [row, tkw1] : kernels) moe_test::expect_fp8_kernels_ran(results, row, tkw1, may_skip);
+      for (const RowPair& k : kernels) moe_test::expect_fp8_kernels_ran(results, k.row, k.tkw1, may_skip);
     }
   }
 }
 
 TEST(FusedMoeSm90GroupedFp8, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
-  expect_edge_cases_ran({{kRow, kTkw1}, {kAutoRow, kAutoTkw1}});
+  expect_edge_cases_ran({kRow128, {kAutoRow, kAutoTkw1}});
 }
 
 TEST(FusedMoeSm90GroupedFp8, Presets) {
@@ -87,28 +94,56 @@ TEST(FusedMoeSm90GroupedFp8, ManyMTilesPerExpert) {
   }
 }
 
+// Cases shared by the 128- and 192-row suites (k: the kernel pair under test).
 // Tails around the warpgroup cut (experts with 64, 65, 1, 192 and 129 rows, expert 5 empty) and
 // gemm2 in two K ranges (I = 1024: 8 slices of 128 codes, fused_moe_sm90_grouped_gemm2_splits).
-TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
-  SKIP_WITHOUT_KERNEL();
-  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
+void expect_tail_tiles_and_split_k_gemm2(RowPair k) {
   MoeProblem prob = make(small_shape(Scheme::fp8_channel, 451, 6, 1, 384, 1024));
   moe_test::assign_expert_rows(&prob, {64, 65, 1, 192, 129});
-  expect_matches_ref(prob);
+  expect_matches_ref(prob, k);
 }
-
-// Long K loops on 128-row tiles: gemm1 over H = 4096 (32 slices), gemm2 over I = 4096 (with k = 2
-// and 3 experts, one or two K ranges), per tensor and per row. These kernels sum all of K in the
-// tensor cores' e4m3 accumulators: compared under MoeCompare::kernel_tc_vs_ref (docs/tolerances.md).
-TEST(FusedMoeSm90GroupedFp8, LongK) {
-  SKIP_WITHOUT_KERNEL();
+// Long K loops: gemm1 over H = 4096 (32 slices), gemm2 over I = 4096 (with k = 2 and 3 experts, one
+// or two K ranges), per tensor and per row. These kernels sum all of K in the tensor cores' e4m3
+// accumulators: compared under MoeCompare::kernel_tc_vs_ref (docs/tolerances.md).
+void expect_long_k(RowPair k) {
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     SCOPED_TRACE(scheme_name(sc));
     MoeProblem gate_up = make(small_shape(sc, 200, 3, 2, 4096, 256));
-    moe_test::expect_fp8_cuda_matches_ref(gate_up, kRow, kTkw1, MoeCompare::kernel_tc_vs_ref);
+    expect_matches_ref(gate_up, k, MoeCompare::kernel_tc_vs_ref);
     MoeProblem down = make(small_shape(sc, 200, 3, 2, 256, 4096));
-    moe_test::expect_fp8_cuda_matches_ref(down, kRow, kTkw1, MoeCompare::kernel_tc_vs_ref);
+    expect_matches_ref(down, k, MoeCompare::kernel_tc_vs_ref);
   }
+}
+void expect_static_activation_scale(RowPair k) {
+  MoeProblemOptions o;
+  o.static_a1_scale = true;
+  MoeProblem prob = make(small_shape(Scheme::fp8_channel, 90, 6, 2, 128, 256), o);
+  expect_matches_ref(prob, k);
+}
+void expect_g1u0_gelu_and_expert_map(RowPair k) {
+  MoeProblem prob = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 130, 10, 3, 256, 384);
+  expect_matches_ref(prob, k);
+}
+// T k = 120 and 160 rows: a quantized by its own amax pass, and (above kQuantFewRows rows) from the
+// row amaxes gemm1 found (Fp8GemmArgs::amax), also for rows of zeros (amax 0: the floor).
+void expect_zero_rows_and_large_values(RowPair k) {
+  for (int64_t T : {60, 80}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    MoeProblem prob = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 128, 128));
+    moe_test::set_zero_and_large_rows(&prob);
+    expect_matches_ref(prob, k);
+  }
+}
+
+TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
+  SKIP_WITHOUT_KERNEL();
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
+  expect_tail_tiles_and_split_k_gemm2(kRow128);
+}
+
+TEST(FusedMoeSm90GroupedFp8, LongK) {
+  SKIP_WITHOUT_KERNEL();
+  expect_long_k(kRow128);
 }
 
 TEST(FusedMoeSm90GroupedFp8, WeightOnInputManyRows) {
@@ -121,28 +156,17 @@ TEST(FusedMoeSm90GroupedFp8, WeightOnInputManyRows) {
 
 TEST(FusedMoeSm90GroupedFp8, StaticActivationScale) {
   SKIP_WITHOUT_KERNEL();
-  MoeProblemOptions o;
-  o.static_a1_scale = true;
-  MoeProblem prob = make(small_shape(Scheme::fp8_channel, 90, 6, 2, 128, 256), o);
-  expect_matches_ref(prob);
+  expect_static_activation_scale(kRow128);
 }
 
 TEST(FusedMoeSm90GroupedFp8, G1U0GeluAndExpertMap) {
   SKIP_WITHOUT_KERNEL();
-  MoeProblem prob = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 130, 10, 3, 256, 384);
-  expect_matches_ref(prob);
+  expect_g1u0_gelu_and_expert_map(kRow128);
 }
 
-// T k = 120 and 160 rows: a quantized by its own amax pass, and (above kQuantFewRows rows) from the
-// row amaxes gemm1 found (Fp8GemmArgs::amax), also for rows of zeros (amax 0: the floor).
 TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   SKIP_WITHOUT_KERNEL();
-  for (int64_t T : {60, 80}) {
-    SCOPED_TRACE("T=" + std::to_string(T));
-    MoeProblem prob = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 128, 128));
-    moe_test::set_zero_and_large_rows(&prob);
-    expect_matches_ref(prob);
-  }
+  expect_zero_rows_and_large_values(kRow128);
 }
 
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
@@ -331,16 +355,13 @@ TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
 // ---- 192 x 256 tiles (fused_moe_sm90_grouped_fp8_row(_tkw1)_m192: three consumer warpgroups)
 constexpr const char* kRowM192 = "fused_moe_sm90_grouped_fp8_row_m192";
 constexpr const char* kTkw1M192 = "fused_moe_sm90_grouped_fp8_row_tkw1_m192";
+constexpr RowPair kM192{kRowM192, kTkw1M192};
 
 #define SKIP_WITHOUT_M192() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRowM192)
 
-void expect_m192_matches_ref(MoeProblem& prob, MoeCompare c = MoeCompare::kernel_vs_ref) {
-  moe_test::expect_fp8_cuda_matches_ref(prob, kRowM192, kTkw1M192, c);
-}
-
 TEST(FusedMoeSm90GroupedFp8M192, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   SKIP_WITHOUT_M192();
-  expect_edge_cases_ran({{kRowM192, kTkw1M192}});
+  expect_edge_cases_ran({kM192});
 }
 
 // Experts with 64, 65, 128, 129, 192 and 193 rows (the warpgroup cuts, one and two 192-row tiles;
@@ -352,44 +373,27 @@ TEST(FusedMoeSm90GroupedFp8M192, RowCountsAndTailTiles) {
     SCOPED_TRACE(scheme_name(sc));
     MoeProblem widths = make(small_shape(sc, 771, 6, 1, 512, 384));
     moe_test::assign_expert_rows(&widths, {64, 65, 128, 129, 192, 193});
-    expect_m192_matches_ref(widths);
+    expect_matches_ref(widths, kM192);
     MoeProblem tails = make(small_shape(sc, 386, 3, 1, 256, 256));
     moe_test::assign_expert_rows(&tails, {1, 385});
-    expect_m192_matches_ref(tails);
+    expect_matches_ref(tails, kM192);
   }
 }
 
-// Long K loops (gemm1 over H = 4096, gemm2 over I = 4096; kernel_tc_vs_ref as LongK above), gemm2 in
-// two K ranges (I = 1024), the router weight on the input, a static activation scale, g1u0 gelu with
-// an expert map, rows of zeros and large values at T k = 120 and 160 (gemm1's row amaxes above
-// kQuantFewRows rows).
+// The 128-row suite's long K loops, tails with gemm2 in two K ranges, static activation scale, g1u0
+// gelu with an expert map, and zero / large rows (gemm1's row amaxes above kQuantFewRows rows); and
+// the router weight on the input at I = 384 (three gemm1 N tiles).
 TEST(FusedMoeSm90GroupedFp8M192, ShapesAndEdges) {
   SKIP_WITHOUT_M192();
-  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
-    SCOPED_TRACE(scheme_name(sc));
-    MoeProblem gate_up = make(small_shape(sc, 200, 3, 2, 4096, 256));
-    expect_m192_matches_ref(gate_up, MoeCompare::kernel_tc_vs_ref);
-    MoeProblem down = make(small_shape(sc, 200, 3, 2, 256, 4096));
-    expect_m192_matches_ref(down, MoeCompare::kernel_tc_vs_ref);
-  }
-  MoeProblem split = make(small_shape(Scheme::fp8_channel, 451, 6, 1, 384, 1024));
-  moe_test::assign_expert_rows(&split, {64, 65, 1, 192, 129});
-  expect_m192_matches_ref(split);
+  expect_long_k(kM192);
+  expect_tail_tiles_and_split_k_gemm2(kM192);
   MoeShape on_input = small_shape(Scheme::fp8_channel, 300, 4, 1, 256, 384);
   on_input.weight_on_input = true;
   MoeProblem tkw1 = make(on_input);
-  expect_m192_matches_ref(tkw1);
-  MoeProblemOptions o;
-  o.static_a1_scale = true;
-  MoeProblem fixed = make(small_shape(Scheme::fp8_channel, 90, 6, 2, 128, 256), o);
-  expect_m192_matches_ref(fixed);
-  MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_channel, 130, 10, 3, 256, 384);
-  expect_m192_matches_ref(g1u0);
-  for (int64_t T : {60, 80}) {
-    MoeProblem zl = make(small_shape(Scheme::fp8_tensor, T, 5, 2, 128, 128));
-    moe_test::set_zero_and_large_rows(&zl);
-    expect_m192_matches_ref(zl);
-  }
+  expect_matches_ref(tkw1, kM192);
+  expect_static_activation_scale(kM192);
+  expect_g1u0_gelu_and_expert_map(kM192);
+  expect_zero_rows_and_large_values(kM192);
 }
 
 // f16 x and out (every other test uses bf16): the 128- and 192-row tiles (T = 300 over 4 experts), the 64-row
@@ -397,11 +401,8 @@ TEST(FusedMoeSm90GroupedFp8M192, ShapesAndEdges) {
 // per tensor and per row, and the router weight on the input.
 TEST(FusedMoeSm90GroupedFp8, F16Activations) {
   SKIP_WITHOUT_KERNEL();
-  struct Pair {
-    const char *row, *tkw1;  // a kernel and its router-weight-on-input twin
-  };
-  const std::vector<Pair> tiles128 = {{kRow, kTkw1}, {kRowM192, kTkw1M192}, {kAutoRow, kAutoTkw1}};
-  const std::vector<Pair> tiles64 = {{kRow64, kTkw164}, {kRowT64, kTkw1T64}, {kAutoRow, kAutoTkw1}};
+  const std::vector<RowPair> tiles128 = {kRow128, kM192, {kAutoRow, kAutoTkw1}};
+  const std::vector<RowPair> tiles64 = {{kRow64, kTkw164}, {kRowT64, kTkw1T64}, {kAutoRow, kAutoTkw1}};
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
@@ -410,7 +411,7 @@ TEST(FusedMoeSm90GroupedFp8, F16Activations) {
         shape.weight_on_input = on_input;
         MoeProblem prob = make(shape);
         moe_test::to_f16_activations(&prob);
-        for (const Pair& k : T == 300 ? tiles128 : tiles64) {
+        for (const RowPair& k : T == 300 ? tiles128 : tiles64) {
           SCOPED_TRACE(std::string(k.row) + " T=" + std::to_string(T));
           moe_test::expect_fp8_cuda_matches_ref(prob, k.row, k.tkw1);
         }
