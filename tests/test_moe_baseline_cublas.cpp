@@ -400,7 +400,7 @@ TEST(MoeBaselineCublas, BenchHookDevicePathEndToEnd) {
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(us.size(), 5u);
   double base = 0;
-  st = p->baseline(1, 5, &base);
+  st = p->baseline(1, 5, L2Flush::write, &base);
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_TRUE(std::isfinite(base) && base > 0) << base;
 }
@@ -624,7 +624,7 @@ TEST(MoeBaselineCublas, Fp8BenchHookDevicePathEndToEnd) {
     st = p->run();  // the kernel accepts the device-made weights and scales
     ASSERT_TRUE(st.ok()) << st.to_string();
     double base = 0;
-    st = p->baseline(1, 5, &base);
+    st = p->baseline(1, 5, L2Flush::write, &base);
     ASSERT_TRUE(st.ok()) << st.to_string();
     EXPECT_TRUE(std::isfinite(base) && base > 0) << base;
   }

@@ -256,17 +256,17 @@ Status run_moe_baseline_cublas(const FusedMoeParams& device_params, const MoeBas
 }
 
 Status time_moe_baseline_cublas(const std::vector<FusedMoeParams>& device_sets, const MoeBaselineRouting& routing,
-                                int warmup, int iters, std::vector<double>* us, double* median_us) {
+                                int warmup, int iters, std::vector<double>* us, double* median_us, L2Flush l2) {
   if (device_sets.empty()) return InvalidArgument("time_moe_baseline_cublas: device_sets is empty");
   if (is_fp8(device_sets.front().w1.dtype)) {
-    return time_moe_baseline_cublas_fp8(device_sets, routing, warmup, iters, us, median_us);
+    return time_moe_baseline_cublas_fp8(device_sets, routing, warmup, iters, us, median_us, l2);
   }
   Baseline b;
   MOEKIT_RETURN_IF_ERROR(b.setup(device_sets.front(), routing));
   std::vector<double> samples;
   MOEKIT_RETURN_IF_ERROR(time_graph(
       [&](void* stream, int set) { return b.enqueue(device_sets[size_t(set)], static_cast<cudaStream_t>(stream)); },
-      int(device_sets.size()), warmup, iters, L2Flush::write, "moe_baseline_cublas", &samples));
+      int(device_sets.size()), warmup, iters, l2, "moe_baseline_cublas", &samples));
   if (median_us != nullptr) *median_us = median_of(samples);
   if (us != nullptr) *us = std::move(samples);
   return Status::Ok();

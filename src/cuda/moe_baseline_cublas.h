@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "moekit/ops/fused_moe.h"
+#include "moekit/registry.h"  // L2Flush
 
 namespace moekit::cuda {
 
@@ -47,10 +48,11 @@ Status moe_baseline_routing(const FusedMoeParams& host_params, MoeBaselineRoutin
 Status run_moe_baseline_cublas(const FusedMoeParams& device_params, const MoeBaselineRouting& routing);
 
 // Times the baseline the way `moekit bench` times kernels (time_graph: one CUDA graph per input
-// set, L2 flushed before each replay, `iters` replays rotating over the sets). device_sets: one
-// params per input set, all of the same shape and routing. Every sample goes to *us (optional) and
-// the median to *median_us.
+// set, the L2 flush `l2` before each replay, `iters` replays rotating over the sets). device_sets:
+// one params per input set, all of the same shape and routing. Every sample goes to *us (optional)
+// and the median to *median_us.
 Status time_moe_baseline_cublas(const std::vector<FusedMoeParams>& device_sets, const MoeBaselineRouting& routing,
-                                int warmup, int iters, std::vector<double>* us, double* median_us);
+                                int warmup, int iters, std::vector<double>* us, double* median_us,
+                                L2Flush l2 = L2Flush::write);
 
 }  // namespace moekit::cuda

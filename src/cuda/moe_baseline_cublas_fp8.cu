@@ -697,13 +697,13 @@ Status run_moe_baseline_cublas_fp8(const FusedMoeParams& device_params, const Mo
 }
 
 Status time_moe_baseline_cublas_fp8(const std::vector<FusedMoeParams>& device_sets, const MoeBaselineRouting& routing,
-                                    int warmup, int iters, std::vector<double>* us, double* median_us) {
+                                    int warmup, int iters, std::vector<double>* us, double* median_us, L2Flush l2) {
   Fp8Baseline b;
   MOEKIT_RETURN_IF_ERROR(b.setup(device_sets, routing));
   std::vector<double> samples;
   MOEKIT_RETURN_IF_ERROR(time_graph(
       [&](void* stream, int set) { return b.enqueue(set, static_cast<cudaStream_t>(stream)); },
-      int(device_sets.size()), warmup, iters, L2Flush::write, "moe_baseline_cublas_fp8", &samples));
+      int(device_sets.size()), warmup, iters, l2, "moe_baseline_cublas_fp8", &samples));
   if (median_us != nullptr) *median_us = median_of(samples);
   if (us != nullptr) *us = std::move(samples);
   return Status::Ok();

@@ -34,6 +34,7 @@ namespace moekit::cuda {
 // fp8_e4m3fn with w1_scale / w2_scale, optional a1_scale; all on the device).
 Status run_moe_baseline_cublas_fp8(const FusedMoeParams& device_params, const MoeBaselineRouting& routing);
 Status time_moe_baseline_cublas_fp8(const std::vector<FusedMoeParams>& device_sets, const MoeBaselineRouting& routing,
-                                    int warmup, int iters, std::vector<double>* us, double* median_us);
+                                    int warmup, int iters, std::vector<double>* us, double* median_us,
+                                    L2Flush l2 = L2Flush::write);
 
 }  // namespace moekit::cuda

@@ -446,13 +446,14 @@ struct DeviceMoeBench : BenchProblem {
     MOEKIT_RETURN_IF_ERROR(launch(nullptr, 0));
     return registry().device_ops(Backend::cuda)->synchronize();
   }
-  Status baseline(int warmup, int iters, double* median_us) override {
+  Status baseline(int warmup, int iters, L2Flush l2, double* median_us) override {
 #if MOEKIT_WITH_CUDA
     MOEKIT_RETURN_IF_ERROR(routing_status);
-    return cuda::time_moe_baseline_cublas(dev, routing, warmup, iters, nullptr, median_us);
+    return cuda::time_moe_baseline_cublas(dev, routing, warmup, iters, nullptr, median_us, l2);
 #else
     (void)warmup;
     (void)iters;
+    (void)l2;
     (void)median_us;
     return Unsupported("the cuBLAS baseline needs a CUDA build");
 #endif

@@ -203,10 +203,12 @@ struct BenchProblem {
     return Unsupported("this benchmark problem has no device launch");
   }
   // Median time in us of the op's unfused baseline on the same device sets (fused_moe: the cuBLAS
-  // path of src/cuda/moe_baseline_cublas.h), timed like launch(); unsupported when there is none.
-  virtual Status baseline(int warmup, int iters, double* median_us) {
+  // path of src/cuda/moe_baseline_cublas.h), timed like launch() with the L2 flush `l2` (the one the
+  // kernel rows were timed with); unsupported when there is none.
+  virtual Status baseline(int warmup, int iters, L2Flush l2, double* median_us) {
     (void)warmup;
     (void)iters;
+    (void)l2;
     (void)median_us;
     return Unsupported("no baseline for this problem");
   }

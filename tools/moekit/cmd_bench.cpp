@@ -198,7 +198,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   auto it = baselines->find(row->shape);
   if (it == baselines->end()) {
     double b = NAN;
-    const Status bs = p->baseline(warmup, iters, &b);
+    const Status bs = p->baseline(warmup, iters, plan.l2, &b);
     it = baselines->emplace(row->shape, std::make_pair(bs.ok() ? b : NAN, bs.ok() ? "" : bs.to_string())).first;
   }
   row->baseline_us = it->second.first;
@@ -295,9 +295,10 @@ int run_bench(const BenchArgs& a) {
   if (s.ok()) s = parse_problem_set(a.shape, 1, &problems);
   if (s.ok() && !a.iters.empty()) s = parse_int("--iters", a.iters, 1, 1000000, &plan.iters);
   if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
-  if (s.ok() && a.l2 != "flushed") {
-    if (a.l2 != "clean") s = InvalidArgument("--l2: must be flushed or clean, got '", a.l2, "'");
+  if (s.ok() && a.l2 == "clean") {
     plan.l2 = L2Flush::clean;
+  } else if (s.ok() && a.l2 != "flushed") {
+    s = InvalidArgument("--l2: must be flushed or clean, got '", a.l2, "'");
   }
   if (s.ok() && !a.peak_gbps.empty()) s = parse_positive("--peak-gbps", a.peak_gbps, &peak_gbps);
   if (s.ok() && !a.peak_gflops.empty()) s = parse_positive("--peak-gflops", a.peak_gflops, &peak_gflops);
