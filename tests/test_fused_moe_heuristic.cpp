@@ -2,6 +2,8 @@
 // ANCHORS.md: decode shapes go to small_m, prefill shapes to the grouped GEMM.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ops/fused_moe/fused_moe_heuristic.h"
 
 namespace moekit {
@@ -72,6 +74,29 @@ TEST(FusedMoeHeuristic, Fp8GroupedTileRows) {
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(17, 8), 128);  // 2.125 rows
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(4096 * 8, 256), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_tile_m(0, 8), 128);  // no entries
+}
+
+// 192 x 256 tiles: fewer padded rows (160 per expert: one tile of 192 against two of 128), or as
+// many over >= 64 experts (128 rows: DeepSeek-V3 and Qwen3 yes, Mixtral no); not at 96, 192, 256 rows.
+TEST(FusedMoeHeuristic, Fp8GroupedM192) {
+  EXPECT_TRUE(fused_moe_sm90_grouped_fp8_m192(4096 * 8, 256));   // DeepSeek-V3 T=4096: 128 rows
+  EXPECT_TRUE(fused_moe_sm90_grouped_fp8_m192(5120 * 8, 256));   // 160 rows
+  EXPECT_TRUE(fused_moe_sm90_grouped_fp8_m192(2048 * 8, 128));   // Qwen3 T=2048: 128 rows
+  EXPECT_TRUE(fused_moe_sm90_grouped_fp8_m192(640 * 2, 8));      // Mixtral T=640: 160 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(512 * 2, 8));     // Mixtral T=512: 128 rows, 8 experts
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(3072 * 8, 256));  // 96 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(768 * 2, 8));     // 192 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(1024 * 2, 8));    // 256 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(4096 * 8, 128));  // Qwen3 T=4096: 256 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(4096 * 2, 8));    // Mixtral T=4096: 1024 rows
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(64 * 2, 8));      // 16 rows (64-row tiles)
+  EXPECT_FALSE(fused_moe_sm90_grouped_fp8_m192(0, 8));
+  // The padding model: one tile while the rows stay far below bm, about 1.5 at r = bm (half the
+  // experts spill into a second tile), two well above.
+  EXPECT_NEAR(expected_padded_rows(32, 128), 128.0, 1e-6);
+  EXPECT_NEAR(expected_padded_rows(128, 128), 192.0, 1.0);
+  EXPECT_NEAR(expected_padded_rows(200, 128), 256.0, 1.0);
+  EXPECT_NEAR(expected_padded_rows(160, 192), 192.0 * (1 + 0.5 * std::erfc(32 / (std::sqrt(160.0) * std::sqrt(2.0)))), 1e-9);
 }
 
 TEST(FusedMoeHeuristic, Fp8BlockGroupedTileRows) {

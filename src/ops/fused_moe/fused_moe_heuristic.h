@@ -10,6 +10,7 @@
 // Header-only so host code, tests and .cu files share one definition.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace moekit {
@@ -106,6 +107,34 @@ constexpr int fused_moe_sm90_grouped_fp8_tile_m(int64_t tk, int64_t E, bool tma6
   return tk > 0 && rows_per_touched_expert(tk, E) <= (tma64 ? kGroupedFp8Tma64MaxRows : kGroupedFp8Bm64MaxRows)
              ? 64
              : 128;
+}
+
+// The 192 x 256 tiles of the fp8 per-row variants (fused_moe_sm90_grouped_fp8_row_m192) in place of
+// 128 x 256, above the 64-row tiles: where they pad at most kGroupedFp8M192Win of the rows the 128-row
+// tiles pad, or about as many (kGroupedFp8M192Tie) over at least kGroupedFp8M192TieExperts touched
+// experts. Expected padded rows of an expert with M tiles of bm rows: bm * E[ceil(n / bm)], n the
+// expert's rows taken as normal with mean and variance r = rows per touched expert (random routing).
+// NOTE: measured on the H200 (docs/PERF.md, eleventh session), 192 x 256 against 128 x 256 tiles,
+// fp8_tensor: 128 rows per expert, DeepSeek-V3 T=4096 0.92 (fp8_channel 0.92), Mixtral T=512
+// 1.00-1.03, Qwen3 T=2048 1.00 (equal padding: the win needs DeepSeek-V3's 256 experts); 160 rows,
+// DeepSeek-V3 T=5120 0.66 (one tile of 192 against two of 128); 96 rows, DeepSeek-V3 T=3072 1.14;
+// 192 rows, Mixtral T=768 1.23; 256 rows, Mixtral T=1024 1.09, Qwen3 T=4096 1.18.
+constexpr double kGroupedFp8M192Win = 0.9;
+constexpr double kGroupedFp8M192Tie = 1.02;
+constexpr int64_t kGroupedFp8M192TieExperts = 64;
+inline double expected_padded_rows(double r, int bm) {
+  if (r <= 0) return 0.0;
+  const double sd = std::sqrt(r);
+  double tiles = 1.0;  // a touched expert has at least one row
+  for (int j = 1; j * double(bm) < r + 8.0 * sd; ++j) tiles += 0.5 * std::erfc((j * double(bm) - r) / (sd * std::sqrt(2.0)));
+  return tiles * bm;
+}
+inline bool fused_moe_sm90_grouped_fp8_m192(int64_t tk, int64_t E) {
+  const double r = rows_per_touched_expert(tk, E);
+  if (r <= kGroupedFp8Tma64MaxRows) return false;
+  const double p128 = expected_padded_rows(r, 128), p192 = expected_padded_rows(r, 192);
+  return p192 <= kGroupedFp8M192Win * p128 ||
+         (touched_experts(tk, E) >= kGroupedFp8M192TieExperts && p192 <= kGroupedFp8M192Tie * p128);
 }
 
 // The down GEMM (gemm2) of the 64 x 256 TMA tiles (fp8 per-row and block variants) in `splits` K

@@ -699,24 +699,30 @@ Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext&
 
 namespace {
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape (up to kGroupedFp8Tma64MaxRows
-// rows per expert), else 64-row mma.sync tiles up to kGroupedFp8Bm64MaxRows, else 128 x 256.
-enum class RowTiles { tma128, mma64, tma64 };
+// rows per expert), else 64-row mma.sync tiles up to kGroupedFp8Bm64MaxRows, else 192 x 256 where
+// they pad fewer rows (fused_moe_sm90_grouped_fp8_m192), else 128 x 256.
+enum class RowTiles { tma128, mma64, tma64, m192 };
 RowTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const bool t64 = supports_tma64(p).ok();
   if (t64 && fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E, true) == 64) return RowTiles::tma64;
-  return fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64 ? RowTiles::mma64 : RowTiles::tma128;
+  if (fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64) return RowTiles::mma64;
+  return fused_moe_sm90_grouped_fp8_m192(d.T * d.k, d.E) ? RowTiles::m192 : RowTiles::tma128;
+}
+int tiled_bm(RowTiles t) {
+  return t == RowTiles::tma128 ? 128 : t == RowTiles::m192 ? kM192 : int(grouped::kMmaBM);
 }
 }  // namespace
 
 size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p) {
   const RowTiles t = tiled(p);
-  return grouped::fp8_layout_of(p, t == RowTiles::tma128 ? 128 : grouped::kMmaBM, t == RowTiles::tma64).total;
+  return grouped::fp8_layout_of(p, tiled_bm(t), t == RowTiles::tma64).total;
 }
 Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
   switch (tiled(p)) {
     case RowTiles::tma64: return run_tma64(p, ctx);
     case RowTiles::mma64: return run_bm64(p, ctx);
+    case RowTiles::m192: return run_m192(p, ctx);
     case RowTiles::tma128: break;
   }
   return run_bm(p, ctx, 128);
