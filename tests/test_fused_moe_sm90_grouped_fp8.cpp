@@ -2,7 +2,7 @@
 // W8A8 prefill CUDA kernel (QGMMA) and the auto kernels fused_moe_sm90_fp8_row(_tkw1) against the
 // fp8 reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
 // presets (per-tensor, per-row, router weight on the input), several 128-row M tiles per expert,
-// tails around the warpgroup cut, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
+// tails around the warpgroup cut, tail tiles of both gemms, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
 // and an expert map, rows of all zeros, large values, f16 x and out (F16Activations: the 128-row,
 // 64-row and 64 x 256 tiles and the auto kernel), and supports()' refusals. Suite
 // FusedMoeSm90GroupedFp8Bm64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64 (64-row tiles on
@@ -139,6 +139,24 @@ TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
   SKIP_WITHOUT_KERNEL();
   static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
   expect_tail_tiles_and_split_k_gemm2(kRow128);
+}
+
+// Tail tiles (M tiles of <= 64 real rows, multiplied as 64 x 256 by both warpgroups: ws_consume_tail)
+// next to full ones: experts of 1, 64, 65, 128, 129, 192, 193 and 255 rows (tails: 1, 64, 129, 192),
+// k = 1 so that the router weight on the input runs too, per tensor and per row; I = 512 (gemm1: two
+// N tiles of gate/up pairs), H = 384 (gemm2: a last N tile of 128 columns, only warpgroup 0's half).
+TEST(FusedMoeSm90GroupedFp8, TailTilesOfBothGemms) {
+  SKIP_WITHOUT_KERNEL();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    for (bool on_input : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      MoeShape s = small_shape(sc, 1127, 8, 1, 384, 512);
+      s.weight_on_input = on_input;
+      MoeProblem prob = make(s);
+      moe_test::assign_expert_rows(&prob, {1, 64, 65, 128, 129, 192, 193, 255});
+      expect_matches_ref(prob);
+    }
+  }
 }
 
 TEST(FusedMoeSm90GroupedFp8, LongK) {

@@ -119,10 +119,21 @@ __device__ __forceinline__ float wscale_e(const Fp8GemmArgs& p, int e) { return 
 constexpr int kWsScaleCols = kBN;
 template <class Shape = WsShape<2>>
 constexpr int kWsScaleSmem = Shape::kConsumerWarps * kWsScaleCols * int(sizeof(float));
-// The dynamic shared memory of a WS gemm of tile shape Shape: its ring and the staged scales.
+// The dynamic shared memory of a WS gemm of tile shape Shape: its ring, the staged scales and the
+// ring's tail flags (ws_run).
 template <class Shape>
 constexpr int ws_gemm_smem_bytes() {
-  return ws_smem_bytes<typename Shape::Smem>() + kWsScaleSmem<Shape>;
+  return ws_smem_bytes<typename Shape::Smem>() + kWsScaleSmem<Shape> + Shape::kStages * int(sizeof(uint32_t));
+}
+template <class Shape>
+__device__ __forceinline__ uint32_t* ws_tail_flags(unsigned char* smem_raw) {
+  return reinterpret_cast<uint32_t*>(ws_extra_smem_of<typename Shape::Smem>(smem_raw) + kWsScaleSmem<Shape>);
+}
+// The tail tiles (ws_consume_tail) of the 128 x 256 gemms: M tiles of at most 64 real rows.
+template <class Shape, WsTail kKind>
+constexpr WsTail kFp8Tail = Shape::kWgs == 2 ? kKind : WsTail::none;
+__device__ __forceinline__ bool fp8_tail_tile(const Fp8GemmArgs& p, int m) {
+  return p.offsets[p.tile_expert[m] + 1] - p.tile_row0[m] <= 64;
 }
 static_assert(ws_gemm_smem_bytes<WsShape<3>>() <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
 
@@ -154,7 +165,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<__nv_fp8_e4m3, Shape>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, G1U1 ? WsTail::gate_up : WsTail::halves>>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -162,10 +173,13 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
         b0 = e * n1 + i0;
         b1 = G1U1 ? e * n1 + p.I + i0 : b0 + kBN / 2;
       },
-      [&](const WsItem& it, const AccW& acc) {
+      [&](const WsItem& it, const AccW& acc, bool tail = false) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], i0 = it.n * nb;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
-        if (warp * 16 >= nrows) return;  // no real row in the warp's 16
+        // A tail tile: both warpgroups on rows 0..63, warpgroup wg on the gate / up columns 64 wg ..
+        // (g1u1) or on columns 128 wg .. (ws_consume_tail).
+        const int rb = tail ? (warp & 3) * 16 : warp * 16, cw = tail ? (warp >> 2) * (G1U1 ? 64 : 128) : 0;
+        if (rb >= nrows) return;  // no real row in the warp's 16
         // Per-row scales: the gate's 128 columns then the up's 128 (g1u1), or the 256 columns.
         const float ws_e = wscale_e(p, e);
         if (p.w_rows) {
@@ -177,19 +191,20 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
         };
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          const int rl = rb + (lane >> 2) + 8 * h;
           if (rl >= nrows) continue;
           const int row = row0 + rl;
           const float sx = p.row_scale[row];
           const float w = p.weight_on_input ? p.weights[p.row_entry[row]] : 1.0f;
-          float* orow = p.out + int64_t(row) * p.I + i0 + c0;
+          float* orow = p.out + int64_t(row) * p.I + i0 + cw + c0;
           float m = 0.0f;  // max |a| of the lane's values of the row (p.amax)
           if constexpr (G1U1) {
 #pragma unroll
             for (int j = 0; j < kWgNT / 2; ++j) {
+              if (tail && j >= 8) break;
               const float* g = &acc.v[0][j][2 * h];
               const float* u = &acc.v[0][j + kWgNT / 2][2 * h];
-              const float2 wg = ws(8 * j + c0), wu = ws(kWsScaleCols / 2 + 8 * j + c0);
+              const float2 wg = ws(cw + 8 * j + c0), wu = ws(kWsScaleCols / 2 + cw + 8 * j + c0);
               const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
               const float u0 = u[0] * sx * wu.x * w, u1 = u[1] * sx * wu.y * w;
               const float2 v = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
@@ -199,9 +214,10 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           } else {
 #pragma unroll
             for (int j = 0; j < kWgNT; ++j) {
-              if (8 * j >= p.I - i0) continue;
+              if (tail && j >= kWgNT / 2) break;
+              if (cw + 8 * j >= p.I - i0) continue;
               const float* g = &acc.v[0][j][2 * h];
-              const float2 wg = ws(8 * j + c0);
+              const float2 wg = ws(cw + 8 * j + c0);
               const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
               const float2 v = make_float2(act<A>(g0), act<A>(g1));
               *reinterpret_cast<float2*>(orow + 8 * j) = v;
@@ -210,7 +226,8 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           }
           if (p.amax != nullptr) row_amax_add(p.amax, row, m, lane);
         }
-      });
+      },
+      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw));
 }
 
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
@@ -224,31 +241,35 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
-  ws_run<__nv_fp8_e4m3, Shape>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
         b0 = p.tile_expert[it.m] * p.H + it.n * kBN;
         b1 = b0 + kBN / 2;
       },
-      [&](const WsItem& it, const AccW& acc) {
+      [&](const WsItem& it, const AccW& acc, bool tail = false) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
-        if (warp * 16 >= nrows) return;  // no real row in the warp's 16
+        // A tail tile: both warpgroups on rows 0..63, warpgroup wg on columns 128 wg .. (ws_consume_tail).
+        const int rb = tail ? (warp & 3) * 16 : warp * 16, cw = tail ? (warp >> 2) * 128 : 0;
+        if (rb >= nrows) return;  // no real row in the warp's 16
         const float ws_e = wscale_e(p, e);
         if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int rl = warp * 16 + (lane >> 2) + 8 * h;
+          const int rl = rb + (lane >> 2) + 8 * h;
           if (rl >= nrows) continue;
           const int row = row0 + rl;
           const float sa = p.row_scale[row];
-          float* yrow = p.out + it.ks * p.y_split + int64_t(row) * p.H + h0 + c0;
+          float* yrow = p.out + it.ks * p.y_split + int64_t(row) * p.H + h0 + cw + c0;
 #pragma unroll
           for (int j = 0; j < kWgNT; ++j) {
-            if (8 * j >= p.H - h0) continue;
+            if (tail && j >= kWgNT / 2) break;
+            if (cw + 8 * j >= p.H - h0) continue;
             const float* v = &acc.v[0][j][2 * h];
-            const float2 ws = p.w_rows ? *reinterpret_cast<const float2*>(wsm + 8 * j + c0) : make_float2(ws_e, ws_e);
+            const float2 ws =
+                p.w_rows ? *reinterpret_cast<const float2*>(wsm + cw + 8 * j + c0) : make_float2(ws_e, ws_e);
             *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v[0] * sa * ws.x, v[1] * sa * ws.y);
           }
         }

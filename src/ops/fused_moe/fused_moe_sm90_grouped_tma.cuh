@@ -204,12 +204,16 @@ using WsRing = WsRingT<>;
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + BM) (BM: the A map's box rows,
 // 128 or 192) and of the two 128-row B boxes at b_row0 / b_row1, for one tile, into the ring. A slice
 // is 128 bytes of K: `slice` elements (64 for bf16 / f16, 128 for fp8).
+// flags (the fp8 gemms' tail tiles, ws_run): flags[s] = flag for each stage s it fills, before the
+// stage's full barrier is armed (the barrier's release orders it for the consumers).
 template <class Sm, int kStages>
 __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& ring, const CUtensorMap* ma,
                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
-                                                int kt1, int slice = kBK) {
+                                                int kt1, int slice = kBK, uint32_t* flags = nullptr,
+                                                uint32_t flag = 0) {
   for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
+    if (flags != nullptr) flags[ring.s] = flag;
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, Sm::kStageBytes);
     tma_load_2d(sm.a(ring.s), ma, kt * slice, row0, full);
@@ -273,6 +277,57 @@ __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& 
   if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
 }
 
+// Tail tiles of the fp8 128 x 256 gemms: an M tile with at most 64 real rows (an expert's last
+// rows past a multiple of 128, or an expert of <= 64 rows) is multiplied as 64 x 256, both
+// warpgroups on A rows 0..63, each on its own part of B, so it costs half the MMAs of a full tile
+// for the same 48 KiB stages. WsTail::halves: warpgroup wg takes B box wg (columns 128 wg ..) as
+// m64n128 into acc groups 0..15. WsTail::gate_up (gemm1 with gate and up boxes): warpgroup wg takes
+// rows 64 wg .. 64 wg + 63 of both boxes as two m64n64, gate into acc groups 0..7, up into 16..23,
+// so its epilogue pairs them as for a full tile.
+enum class WsTail { none, halves, gate_up };
+template <WsTail kTail, class Sm, int kStages>
+__device__ __forceinline__ void ws_consume_tail(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
+  static_assert(kTail != WsTail::none, "a tail layout");
+  const bool leader = (threadIdx.x & 31) == 0;
+#pragma unroll
+  for (int j = 0; j < kWgNT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
+  int prev = -1;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.full(ring.s), ring.phase);
+    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s));
+    fence_acc(acc);
+    wgmma_fence();
+    if constexpr (kTail == WsTail::halves) {
+      auto& lo = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][0][0]);
+      const uint64_t db = wgmma_desc_sw128(sm.b(ring.s) + uint32_t(wg) * kWsBHalfBytes);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(lo, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
+    } else {
+      auto& g = *reinterpret_cast<float(*)[8][4]>(&acc.v[0][0][0]);
+      auto& u = *reinterpret_cast<float(*)[8][4]>(&acc.v[0][kWgNT / 2][0]);
+      const uint32_t r = uint32_t(wg) * 64 * 128;  // B rows 64 wg .. (128-byte rows, whole swizzle atoms)
+      const uint64_t dg = wgmma_desc_sw128(sm.b(ring.s) + r);
+      const uint64_t du = wgmma_desc_sw128(sm.b(ring.s) + kWsBHalfBytes + r);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        wgmma_fp8_n64(g, da + uint64_t(2 * ks), dg + uint64_t(2 * ks));
+        wgmma_fp8_n64(u, da + uint64_t(2 * ks), du + uint64_t(2 * ks));
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_acc(acc);
+    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+    prev = ring.s;
+    ring.next();
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+}
+
 // One item of the work list: M tile m (of num_m), N tile n, K range ks (of `splits`) = K slices
 // [kt0, kt1). The K ranges of one tile are consecutive items.
 struct WsItem {
@@ -286,6 +341,9 @@ __device__ __forceinline__ WsItem ws_item(int t, int num_m, int n_tiles, int spl
   it.kt1 = (it.ks + 1) * KT / splits;
   return it;
 }
+struct WsNoTail {
+  __device__ bool operator()(const WsItem&) const { return false; }
+};
 
 // The tile shapes of the WS kernels: kWgs consumer warpgroups of 64 rows each (all 256 columns) over
 // M tiles of 64 kWgs rows.
@@ -319,9 +377,16 @@ static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads =
 // b1) gives the A first row and the two B box rows), the Shape::kWgs consumer warpgroups multiply
 // (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer returns
 // early; no CTA-wide barrier may follow.
-template <class TT, class Shape = WsShape<2>, class Boxes, class Epi>
+// kTail (fp8, 128 x 256 only): items with is_tail(it) (the producer asks) run as tail tiles
+// (ws_consume_tail) and the epilogue is epi(it, acc, tail); tail_flags: kStages words of shared
+// memory through which the producer tells the consumers.
+template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, class Boxes, class Epi,
+          class IsTail = WsNoTail>
 __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
-                                       int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi) {
+                                       int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi,
+                                       IsTail is_tail = {}, uint32_t* tail_flags = nullptr) {
+  static_assert(kTail == WsTail::none || (Shape::kWgs == 2 && std::is_same_v<TT, __nv_fp8_e4m3>),
+                "tail tiles: fp8 128 x 256 only");
   const int warp = threadIdx.x >> 5;
   const int total = num_m * n_tiles * splits;
   typename Shape::Ring ring;
@@ -335,7 +400,11 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
       int row0, b0, b1;
       boxes(it, row0, b0, b1);
-      ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice);
+      if constexpr (kTail == WsTail::none) {
+        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice);
+      } else {
+        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, tail_flags, is_tail(it) ? 1u : 0u);
+      }
     }
     return;
   }
@@ -343,8 +412,19 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
     AccW acc;
-    ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
-    epi(it, acc);
+    if constexpr (kTail == WsTail::none) {
+      ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+      epi(it, acc);
+    } else {
+      mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its flag is set
+      const bool tail = *static_cast<volatile uint32_t*>(tail_flags + ring.s) != 0;
+      if (tail) {
+        ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+      } else {
+        ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+      }
+      epi(it, acc, tail);
+    }
   }
 }
 

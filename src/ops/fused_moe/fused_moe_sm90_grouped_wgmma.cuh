@@ -161,6 +161,20 @@ __device__ __forceinline__ void wgmma_fp8_n128(float (&d)[16][4], uint64_t da, u
 }
 #undef MOEKIT_WG64_OPERANDS
 #undef MOEKIT_WG64_REGS
+
+// fp8 m64n64k32 (32 f32 accumulators per thread, d[j][q] with j < 8), accumulating: the gate / up
+// halves of the 128 x 256 per-row gemm1's tail tiles (ws_consume_tail, fused_moe_sm90_grouped_tma.cuh).
+__device__ __forceinline__ void wgmma_fp8_n64(float (&d)[8][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1;\n}\n"
+      : MOEKIT_WG_D4(0), MOEKIT_WG_D4(1), MOEKIT_WG_D4(2), MOEKIT_WG_D4(3), MOEKIT_WG_D4(4), MOEKIT_WG_D4(5),
+        MOEKIT_WG_D4(6), MOEKIT_WG_D4(7)
+      : "l"(da), "l"(db), "r"(1));
+}
 #undef MOEKIT_WG_D4
 
 // acc = A . B^T over K (K % 64 == 0) for the 128 x 256 tile; `smem` (1024-byte aligned) holds
