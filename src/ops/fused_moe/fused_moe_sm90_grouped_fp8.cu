@@ -86,6 +86,8 @@ struct Fp8GemmArgs {
   bool weight_on_input;
   float* amax = nullptr;       // gemm1: [Tk] zeroed by the routing; each row's max |a| (atomicMax on the
                                // f32 bits, exact in any order) for quant_rows_kernel's amax_given
+  int* counter = nullptr;      // the 128 x 256 gemms: work counter of the dynamic schedule (ws_run),
+                               // zeroed by the routing
 };
 
 // Adds the lane's max |a| of its row (m >= 0, never NaN: fmaxf chains) to amax[row]: the 4 lanes of a
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           if (p.amax != nullptr) row_amax_add(p.amax, row, m, lane);
         }
       },
-      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw));
+      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw), p.counter);
 }
 
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
@@ -273,7 +275,8 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
             *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v[0] * sa * ws.x, v[1] * sa * ws.y);
           }
         }
-      });
+      },
+      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw), p.counter);
 }
 
 // ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3
@@ -614,11 +617,15 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   // Where the quantizer of a takes the two-pass shape (more than kQuantFewRows rows), the TMA gemm1s
   // find each row's amax (Fp8GemmArgs::amax, in sa, zeroed by the routing) and it reads a once.
   const bool amax_in_gemm1 = (bm != kMmaBM || tma64) && l.tk > kQuantFewRows;
+  // The 128 x 256 gemms' work counters (ws_run's dynamic schedule), after sa's rows; the routing
+  // zeroes them with the row amaxes.
+  const bool counters = bm == 128;
+  int32_t* counter = reinterpret_cast<int32_t*>(sa + l.tk);
+  int32_t* zero = amax_in_gemm1 ? reinterpret_cast<int32_t*>(sa) : counters ? counter : nullptr;
+  const int n_zero = (amax_in_gemm1 ? int(l.tk) : 0) + (counters ? kFp8WsCounters : 0);
   MOEKIT_RETURN_IF_ERROR(launch_route(p,
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
-                                       at(l.tile_row0), at(l.num_tiles),
-                                       amax_in_gemm1 ? reinterpret_cast<int32_t*>(sa) : nullptr,
-                                       amax_in_gemm1 ? int(l.tk) : 0},
+                                       at(l.tile_row0), at(l.num_tiles), zero, n_zero},
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
@@ -633,6 +640,10 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   Fp8GemmArgs g2{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
                  p.topk_weights.ptr<const float>(), sa, p.w2_scale.ptr<const float>(), y, l.tk * d.H, int(d.H),
                  int(d.I), l.splits, w2_rows, false};
+  if (counters) {
+    g1.counter = counter;
+    g2.counter = counter + 1;
+  }
   const int n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
   if (bm == kMmaBM && tma64) {
     MOEKIT_RETURN_IF_ERROR(run_fp8_tma64(p, l, g1, g2, xq, aq, a, sa, s));

@@ -378,13 +378,19 @@ static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads =
 // (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer returns
 // early; no CTA-wide barrier may follow.
 // kTail (fp8, 128 x 256 only): items with is_tail(it) (the producer asks) run as tail tiles
-// (ws_consume_tail) and the epilogue is epi(it, acc, tail); tail_flags: kStages words of shared
-// memory through which the producer tells the consumers.
+// (ws_consume_tail) and the epilogue is epi(it, acc, tail). A tail item costs half a full one, so
+// the schedule is dynamic: CTA b takes item b, then the next unclaimed one (gridDim.x +
+// atomicAdd(counter, 1); counter zeroed by the routing kernel), which keeps the items in about list
+// order (the M tiles of one expert, full and tail, stay neighbours in time and share B in L2) and
+// the SMs evenly loaded. The producer tells the consumers each item (and its tail bit) through
+// flags (kStages words of shared memory: the word of the stage of the item's first K slice);
+// kWsNoItem ends their loop.
+constexpr uint32_t kWsTailBit = 1u << 31, kWsNoItem = ~0u;
 template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, class Boxes, class Epi,
           class IsTail = WsNoTail>
 __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                        int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi,
-                                       IsTail is_tail = {}, uint32_t* tail_flags = nullptr) {
+                                       IsTail is_tail = {}, uint32_t* flags = nullptr, int* counter = nullptr) {
   static_assert(kTail == WsTail::none || (Shape::kWgs == 2 && std::is_same_v<TT, __nv_fp8_e4m3>),
                 "tail tiles: fp8 128 x 256 only");
   const int warp = threadIdx.x >> 5;
@@ -396,28 +402,45 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       if (warp != Shape::kConsumerWarps) return;
     }
     if (threadIdx.x % 32 != 0) return;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
-      int row0, b0, b1;
-      boxes(it, row0, b0, b1);
-      if constexpr (kTail == WsTail::none) {
+    if constexpr (kTail == WsTail::none) {
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+        int row0, b0, b1;
+        boxes(it, row0, b0, b1);
         ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice);
-      } else {
-        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, tail_flags, is_tail(it) ? 1u : 0u);
       }
+    } else {
+      for (int t = blockIdx.x; t < total;) {
+        const int next = int(gridDim.x) + atomicAdd(counter, 1);  // used after this item's loads
+        const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+        int row0, b0, b1;
+        boxes(it, row0, b0, b1);
+        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, flags,
+                        uint32_t(t) | (is_tail(it) ? kWsTailBit : 0u));
+        t = next;
+      }
+      mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
+      flags[ring.s] = kWsNoItem;
+      mbar_arrive(sm.full(ring.s));
     }
     return;
   }
   if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
-    AccW acc;
-    if constexpr (kTail == WsTail::none) {
+  if constexpr (kTail == WsTail::none) {
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+      AccW acc;
       ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
       epi(it, acc);
-    } else {
-      mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its flag is set
-      const bool tail = *static_cast<volatile uint32_t*>(tail_flags + ring.s) != 0;
+    }
+  } else {
+    while (true) {
+      mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
+      const uint32_t f = *static_cast<volatile uint32_t*>(flags + ring.s);
+      if (f == kWsNoItem) break;
+      const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
+      const bool tail = (f & kWsTailBit) != 0;
+      AccW acc;
       if (tail) {
         ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
       } else {
