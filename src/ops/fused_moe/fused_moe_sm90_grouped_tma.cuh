@@ -436,7 +436,11 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
   } else {
     while (true) {
       mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
-      const uint32_t f = *static_cast<volatile uint32_t*>(flags + ring.s);
+      // Read by the lane that later releases the stage (its arrive orders the read before the
+      // producer's next write of the word), then broadcast.
+      uint32_t f = 0;
+      if ((threadIdx.x & 31) == 0) f = *static_cast<volatile uint32_t*>(flags + ring.s);
+      f = __shfl_sync(~0u, f, 0);
       if (f == kWsNoItem) break;
       const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
       const bool tail = (f & kWsTailBit) != 0;
