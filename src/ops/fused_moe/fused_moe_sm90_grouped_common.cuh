@@ -255,7 +255,7 @@ struct Fp8Workspace {
   int splits;
 };
 constexpr size_t kFp8WsAlign = 256;
-// int32 words after the scales of a (sa): the work counters of the 128 x 256 per-row gemms (one per
+// int32 words after the scales of a (sa): the work counters of the 128- and 192-row per-row gemms (one per
 // gemm, ws_run's dynamic schedule), zeroed by the routing kernel.
 constexpr int kFp8WsCounters = 2;
 

@@ -86,7 +86,7 @@ struct Fp8GemmArgs {
   bool weight_on_input;
   float* amax = nullptr;       // gemm1: [Tk] zeroed by the routing; each row's max |a| (atomicMax on the
                                // f32 bits, exact in any order) for quant_rows_kernel's amax_given
-  int* counter = nullptr;      // the 128 x 256 gemms: work counter of the dynamic schedule (ws_run),
+  int* counter = nullptr;      // the TMA gemms: work counter of the dynamic schedule (ws_run),
                                // zeroed by the routing
 };
 
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, G1U1 ? WsTail::gate_up : WsTail::halves>>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, G1U1 ? WsTail::gate_up : WsTail::halves>, true>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
-  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>, true>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
@@ -617,9 +617,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   // Where the quantizer of a takes the two-pass shape (more than kQuantFewRows rows), the TMA gemm1s
   // find each row's amax (Fp8GemmArgs::amax, in sa, zeroed by the routing) and it reads a once.
   const bool amax_in_gemm1 = (bm != kMmaBM || tma64) && l.tk > kQuantFewRows;
-  // The 128 x 256 gemms' work counters (ws_run's dynamic schedule), after sa's rows; the routing
+  // The TMA gemms' work counters (ws_run's dynamic schedule), after sa's rows; the routing
   // zeroes them with the row amaxes.
-  const bool counters = bm == 128;
+  const bool counters = bm == 128 || bm == 192;
   int32_t* counter = reinterpret_cast<int32_t*>(sa + l.tk);
   int32_t* zero = amax_in_gemm1 ? reinterpret_cast<int32_t*>(sa) : counters ? counter : nullptr;
   const int n_zero = (amax_in_gemm1 ? int(l.tk) : 0) + (counters ? kFp8WsCounters : 0);

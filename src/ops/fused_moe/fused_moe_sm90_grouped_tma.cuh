@@ -386,13 +386,15 @@ static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads =
 // flags (kStages words of shared memory: the word of the stage of the item's first K slice);
 // kWsNoItem ends their loop.
 constexpr uint32_t kWsTailBit = 1u << 31, kWsNoItem = ~0u;
-template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, class Boxes, class Epi,
-          class IsTail = WsNoTail>
+// kDynamic without kTail (the 192 x 256 tiles): the same dynamic schedule, no tail items.
+template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, bool kDynamic = kTail != WsTail::none,
+          class Boxes, class Epi, class IsTail = WsNoTail>
 __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                        int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi,
                                        IsTail is_tail = {}, uint32_t* flags = nullptr, int* counter = nullptr) {
   static_assert(kTail == WsTail::none || (Shape::kWgs == 2 && std::is_same_v<TT, __nv_fp8_e4m3>),
                 "tail tiles: fp8 128 x 256 only");
+  static_assert(kDynamic || kTail == WsTail::none, "tail items need the dynamic schedule");
   const int warp = threadIdx.x >> 5;
   const int total = num_m * n_tiles * splits;
   typename Shape::Ring ring;
@@ -402,7 +404,7 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       if (warp != Shape::kConsumerWarps) return;
     }
     if (threadIdx.x % 32 != 0) return;
-    if constexpr (kTail == WsTail::none) {
+    if constexpr (!kDynamic) {
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
         int row0, b0, b1;
@@ -426,7 +428,7 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
     return;
   }
   if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
-  if constexpr (kTail == WsTail::none) {
+  if constexpr (!kDynamic) {
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
       AccW acc;
@@ -443,14 +445,19 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       f = __shfl_sync(~0u, f, 0);
       if (f == kWsNoItem) break;
       const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
-      const bool tail = (f & kWsTailBit) != 0;
       AccW acc;
-      if (tail) {
-        ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
-      } else {
+      if constexpr (kTail == WsTail::none) {
         ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+        epi(it, acc);
+      } else {
+        const bool tail = (f & kWsTailBit) != 0;
+        if (tail) {
+          ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+        } else {
+          ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+        }
+        epi(it, acc, tail);
       }
-      epi(it, acc, tail);
     }
   }
 }
