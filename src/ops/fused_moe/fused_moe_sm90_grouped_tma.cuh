@@ -233,6 +233,9 @@ __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& 
 // tile with <= 64 rows between the two warpgroups (rows 0..63 each, sums added through shared
 // memory): Mixtral T=512 980-993 vs 962 us, T=4096 5401-5427 vs 5197-5198 (2026-11-29): such a
 // tile reads the same 48 KiB per slice for half the MMAs, and L2 -> SM traffic already limits.
+// The fp8 128 x 256 gemms now run such tiles with both warpgroups on the 64 rows, each on half of B
+// (ws_consume_tail), on a dynamic schedule: against static full tiles, Mixtral fp8_tensor T=512 /
+// 4096 0.998 / 0.975, Qwen3 T=4096 0.988, DeepSeek-V3 T=4096 0.920 (2026-12-02, docs/PERF.md).
 template <class TT, bool kPairs = false, class Sm, int kStages>
 __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
   static_assert(!kPairs || std::is_same_v<TT, __nv_fp8_e4m3>, "n128 pairs: fp8 only");
