@@ -223,6 +223,33 @@ __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& 
   }
 }
 
+// The consumer loop of a tile (zeroed accumulators, then per K slice: wait for the stage, issue(s)
+// the slice's wgmma into acc, one group left in flight, the previous slice's stage released).
+template <class Sm, int kStages, class Issue>
+__device__ __forceinline__ void ws_consume_ring(const Sm& sm, WsRingT<kStages>& ring, int KT, AccW& acc, Issue issue) {
+  const bool leader = (threadIdx.x & 31) == 0;
+#pragma unroll
+  for (int j = 0; j < kWgNT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
+  int prev = -1;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(sm.full(ring.s), ring.phase);
+    fence_acc(acc);
+    wgmma_fence();
+    issue(ring.s);
+    wgmma_commit();
+    wgmma_wait<1>();  // the group of slice kt - 1 completed: its stage can be refilled
+    fence_acc(acc);
+    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+    prev = ring.s;
+    ring.next();
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+}
+
 // Consumer warpgroup wg (0 .. BM / 64 - 1): acc = A rows 64 wg .. 64 wg + 63 of the tile . B^T over KT
 // slices. kPairs (fp8 only): each k32 step as two wgmma m64n128k32 (B box 0, then box 1) into the two
 // halves of acc, not one m64n256k32: a wgmma's registers must fit the kernel's launch budget (65536 /
@@ -239,23 +266,14 @@ __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& 
 template <class TT, bool kPairs = false, class Sm, int kStages>
 __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
   static_assert(!kPairs || std::is_same_v<TT, __nv_fp8_e4m3>, "n128 pairs: fp8 only");
-  const bool leader = (threadIdx.x & 31) == 0;
   const uint32_t a_off = uint32_t(wg) * 64 * kBK * 2;
-#pragma unroll
-  for (int j = 0; j < kWgNT; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
-  int prev = -1;
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(sm.full(ring.s), ring.phase);
-    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s) + a_off);
-    const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
-    fence_acc(acc);
-    wgmma_fence();
+  ws_consume_ring(sm, ring, KT, acc, [&](int s) {
+    const uint64_t da = wgmma_desc_sw128(sm.a(s) + a_off);
+    const uint64_t db = wgmma_desc_sw128(sm.b(s));
     if constexpr (kPairs) {
       auto& lo = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][0][0]);
       auto& hi = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][kWgNT / 2][0]);
-      const uint64_t db1 = wgmma_desc_sw128(sm.b(ring.s) + kWsBHalfBytes);
+      const uint64_t db1 = wgmma_desc_sw128(sm.b(s) + kWsBHalfBytes);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         wgmma_fp8_n128(lo, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
@@ -268,16 +286,7 @@ __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& 
         WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
       }
     }
-    wgmma_commit();
-    wgmma_wait<1>();  // the group of slice kt - 1 completed: its stage can be refilled
-    fence_acc(acc);
-    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
-    prev = ring.s;
-    ring.next();
-  }
-  wgmma_wait<0>();
-  fence_acc(acc);
-  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+  });
 }
 
 // Tail tiles of the fp8 128 x 256 gemms: an M tile with at most 64 real rows (an expert's last
@@ -291,44 +300,26 @@ enum class WsTail { none, halves, gate_up };
 template <WsTail kTail, class Sm, int kStages>
 __device__ __forceinline__ void ws_consume_tail(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
   static_assert(kTail != WsTail::none, "a tail layout");
-  const bool leader = (threadIdx.x & 31) == 0;
-#pragma unroll
-  for (int j = 0; j < kWgNT; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
-  int prev = -1;
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(sm.full(ring.s), ring.phase);
-    const uint64_t da = wgmma_desc_sw128(sm.a(ring.s));
-    fence_acc(acc);
-    wgmma_fence();
+  ws_consume_ring(sm, ring, KT, acc, [&](int s) {
+    const uint64_t da = wgmma_desc_sw128(sm.a(s));
     if constexpr (kTail == WsTail::halves) {
       auto& lo = *reinterpret_cast<float(*)[kWgNT / 2][4]>(&acc.v[0][0][0]);
-      const uint64_t db = wgmma_desc_sw128(sm.b(ring.s) + uint32_t(wg) * kWsBHalfBytes);
+      const uint64_t db = wgmma_desc_sw128(sm.b(s) + uint32_t(wg) * kWsBHalfBytes);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(lo, da + uint64_t(2 * ks), db + uint64_t(2 * ks), 1);
     } else {
       auto& g = *reinterpret_cast<float(*)[8][4]>(&acc.v[0][0][0]);
       auto& u = *reinterpret_cast<float(*)[8][4]>(&acc.v[0][kWgNT / 2][0]);
       const uint32_t r = uint32_t(wg) * 64 * 128;  // B rows 64 wg .. (128-byte rows, whole swizzle atoms)
-      const uint64_t dg = wgmma_desc_sw128(sm.b(ring.s) + r);
-      const uint64_t du = wgmma_desc_sw128(sm.b(ring.s) + kWsBHalfBytes + r);
+      const uint64_t dg = wgmma_desc_sw128(sm.b(s) + r);
+      const uint64_t du = wgmma_desc_sw128(sm.b(s) + kWsBHalfBytes + r);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         wgmma_fp8_n64(g, da + uint64_t(2 * ks), dg + uint64_t(2 * ks));
         wgmma_fp8_n64(u, da + uint64_t(2 * ks), du + uint64_t(2 * ks));
       }
     }
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_acc(acc);
-    if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
-    prev = ring.s;
-    ring.next();
-  }
-  wgmma_wait<0>();
-  fence_acc(acc);
-  if (prev >= 0 && leader) mbar_arrive(sm.empty(prev));
+  });
 }
 
 // One item of the work list: M tile m (of num_m), N tile n, K range ks (of `splits`) = K slices
