@@ -13,11 +13,15 @@ T=$(mktemp -d /tmp/moekit_lmem.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 i=0
 for f in $FILES; do
-  ${NVCC:-nvcc} -I include -I src -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -cubin \
-    -Xptxas -v -x cu "$f" -o "$T/$i.cubin" > "$T/$i.log" 2>&1 &
+  ( ${NVCC:-nvcc} -I include -I src -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -cubin \
+      -Xptxas -v -x cu "$f" -o "$T/$i.cubin" > "$T/$i.log" 2>&1 || echo "$f" > "$T/$i.failed" ) &
   i=$((i + 1))
 done
 wait
+if ls "$T"/*.failed > /dev/null 2>&1; then
+  echo "check_lmem: nvcc failed on: $(cat "$T"/*.failed | tr '\n' ' ')"
+  exit 1
+fi
 cat "$T"/*.log | python3 -c '
 import re, subprocess, sys
 limit, cur, bad, n = int(sys.argv[1]), None, [], 0
