@@ -112,14 +112,9 @@ struct Mainloop {
 // A warp's accumulators v[MT][NT][4] in the m16n8 layout (row wrow + 16 mi + (lane >> 2) + 8 h,
 // column 8 j + 2 (lane & 3) + q); rows >= nrows are padding. kColCheck: n8 block j is stored only
 // while 8 j < ncols (the wgmma tiles, which span all 256 columns); otherwise the caller checked
-// that every column of the warp is valid. pair(v, h) reads the two values of row half h with constant
-// indices: a v[..][2 h] pointer made ptxas keep all of v in local memory wherever the h loop stayed
-// rolled (scripts/check_lmem.sh).
+// that every column of the warp is valid. Row half h's values through acc_pair (constant indices).
 // GEMM 1: out (the tile's first row and the warp's first column of a, row stride ld) gets
 // act(w g) * (w u) (g1u1: gate in j < NT / 2, up in j + NT / 2) or act(w g) (g1u0), w = row_w(rl).
-__device__ __forceinline__ float2 pair(const float (&q)[4], int h) {
-  return h == 0 ? make_float2(q[0], q[1]) : make_float2(q[2], q[3]);
-}
 template <class TT, bool G1U1, Activation A, int MT, int NT, bool kColCheck, class RowW>
 __device__ __forceinline__ void store_gemm1(const float (&v)[MT][NT][4], int wrow, int nrows, int ncols, TT* out,
                                             int64_t ld, RowW row_w) {
@@ -137,7 +132,7 @@ __device__ __forceinline__ void store_gemm1(const float (&v)[MT][NT][4], int wro
 #pragma unroll
         for (int j = 0; j < NT / 2; ++j) {
           if (kColCheck && 8 * j >= ncols) continue;
-          const float2 g = pair(v[mi][j], h), u = pair(v[mi][j + NT / 2], h);
+          const float2 g = acc_pair(v[mi][j], h), u = acc_pair(v[mi][j + NT / 2], h);
           const float a0 = act<A>(g.x * w) * (u.x * w);
           const float a1 = act<A>(g.y * w) * (u.y * w);
           *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(a0, a1);
@@ -146,7 +141,7 @@ __device__ __forceinline__ void store_gemm1(const float (&v)[MT][NT][4], int wro
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           if (kColCheck && 8 * j >= ncols) continue;
-          const float2 g = pair(v[mi][j], h);
+          const float2 g = acc_pair(v[mi][j], h);
           *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<TT>(act<A>(g.x * w), act<A>(g.y * w));
         }
       }
@@ -170,7 +165,7 @@ __device__ __forceinline__ void store_gemm2(const float (&v)[MT][NT][4], int wro
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (kColCheck && 8 * j >= ncols) continue;
-        *reinterpret_cast<float2*>(yrow + j * 8) = pair(v[mi][j], h);
+        *reinterpret_cast<float2*>(yrow + j * 8) = acc_pair(v[mi][j], h);
       }
     }
   }

@@ -204,11 +204,10 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
 #pragma unroll
             for (int j = 0; j < kWgNT / 2; ++j) {
               if (tail && j >= 8) break;
-              const float* g = &acc.v[0][j][2 * h];
-              const float* u = &acc.v[0][j + kWgNT / 2][2 * h];
+              const float2 g = acc_pair(acc.v[0][j], h), u = acc_pair(acc.v[0][j + kWgNT / 2], h);
               const float2 wg = ws(cw + 8 * j + c0), wu = ws(kWsScaleCols / 2 + cw + 8 * j + c0);
-              const float g0 = g[0] * sx * wg.x * w, g1 = g[1] * sx * wg.y * w;
-              const float u0 = u[0] * sx * wu.x * w, u1 = u[1] * sx * wu.y * w;
+              const float g0 = g.x * sx * wg.x * w, g1 = g.y * sx * wg.y * w;
+              const float u0 = u.x * sx * wu.x * w, u1 = u.y * sx * wu.y * w;
               const float2 v = make_float2(act<A>(g0) * u0, act<A>(g1) * u1);
               *reinterpret_cast<float2*>(orow + 8 * j) = v;
               m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
@@ -269,10 +268,10 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           for (int j = 0; j < kWgNT; ++j) {
             if (tail && j >= kWgNT / 2) break;
             if (cw + 8 * j >= p.H - h0) continue;
-            const float* v = &acc.v[0][j][2 * h];
+            const float2 v = acc_pair(acc.v[0][j], h);
             const float2 ws =
                 p.w_rows ? *reinterpret_cast<const float2*>(wsm + cw + 8 * j + c0) : make_float2(ws_e, ws_e);
-            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v[0] * sa * ws.x, v[1] * sa * ws.y);
+            *reinterpret_cast<float2*>(yrow + 8 * j) = make_float2(v.x * sa * ws.x, v.y * sa * ws.y);
           }
         }
       },

@@ -54,6 +54,13 @@ struct AccW {
   float v[1][kWgNT][4];
 };
 
+// The two accumulators of row half h (0: q[0], q[1]; 1: q[2], q[3]) of an m16n8-layout block q, read
+// with constant indices: a &q[2 h] pointer made ptxas keep a whole accumulator array in local memory
+// wherever the loop over h stayed rolled (scripts/check_lmem.sh).
+__device__ __forceinline__ float2 acc_pair(const float (&q)[4], int h) {
+  return h == 0 ? make_float2(q[0], q[1]) : make_float2(q[2], q[3]);
+}
+
 // The first byte at or after p (shared memory) on a 1024-byte boundary: where the stages start.
 __device__ __forceinline__ void* align_smem_1024(unsigned char* p) {
   const uint32_t a = smem_addr(p);
