@@ -7,13 +7,15 @@
 //   2. quant x      one block per expert-ordered row: x[token] quantized exactly as the reference,
 //                   s = max(amax, 1e-12) / 448 (or the static a1_scale), codes e4m3fn(x / s).
 //   3. gemm1        persistent TMA + wgmma kernel (fused_moe_sm90_grouped_tma.cuh, 128-byte K slices =
-//                   128 codes): h = acc * s_x[row] * w1_scale[e, n] (* w with the router weight on
-//                   the input), a = act(g) * u in f32 -> workspace.
+//                   128 codes; items from a work counter the routing zeroes, an M tile of <= 64 rows
+//                   as 64 x 256 at half the MMAs): h = acc * s_x[row] * w1_scale[e, n] (* w with the
+//                   router weight on the input), a = act(g) * u in f32 -> workspace.
 //   4. quant a      a re-quantized per row (the reference's per-(token, slot) scale).
 //   5. gemm2        the same mainloop: y = acc * s_a[row] * w2_scale[e, c] in f32 (two K-range
 //                   partials when the work list is short, as the bf16 path).
 //   6. reduce       out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
-// Deterministic by construction (no float atomics). Requirements: H % 128 == 0, I % 128 == 0,
+// Deterministic by construction (no float atomics: the work counters and the row amaxes' atomicMax
+// on f32 bits change which SM computes a tile, not any value). Requirements: H % 128 == 0, I % 128 == 0,
 // weights fp8_e4m3fn row_major. Tests: tests/test_fused_moe_sm90_grouped_fp8.cpp.
 #pragma once
 

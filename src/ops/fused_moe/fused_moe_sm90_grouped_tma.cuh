@@ -6,7 +6,8 @@
 // + 63 of the tile by all 256 B rows with wgmma m64n256k16, 128 f32 accumulators per thread), warp
 // 8 is the producer (one lane issues every TMA load). The CTAs are persistent: CTA b walks the
 // work list t = b, b + gridDim.x, ... (t -> (M tile, N tile) by ws_tile below), producer and
-// consumers in lockstep over the same list. kWsStages shared-memory stages of one 64-wide K slice
+// consumers in lockstep over the same list; the fp8 per-row gemms take their items from a work
+// counter instead and may multiply a tile of <= 64 rows at half cost (ws_run's kDynamic / kTail). kWsStages shared-memory stages of one 64-wide K slice
 // (A 128 x 64 + B 256 x 64, 48 KiB) are handed over with mbarriers: full[s] (the producer's
 // arrive.expect_tx + the TMA's complete_tx) and empty[s] (one arrive per consumer warp once the
 // wgmma that read the stage completed). The producer runs up to kWsStages slices ahead, also into
