@@ -247,16 +247,18 @@ inline Status launch_reduce(const ReduceArgs& rd, int64_t T, cudaStream_t s, con
 
 // Workspace of the fp8 grouped kernels (byte offsets from a 256-byte aligned base): the routing lists,
 // x codes [Tk, H] + x_scales per row, a in f32 [Tk, I], a codes [Tk, I] + a_scales per row (then the
-// work counters, kFp8WsCounters), and `splits` f32 partials y [Tk, H]. fused_moe_sm90_grouped_fp8 (1 scale per row, split K) and
-// fused_moe_sm90_grouped_fp8_block (one per 128-group; split K on its 64 x 256 tiles).
+// work counters, kFp8WsCounters, at `counters`), and `splits` f32 partials y [Tk, H].
+// fused_moe_sm90_grouped_fp8 (1 scale per row, split K) and fused_moe_sm90_grouped_fp8_block (one
+// per 128-group; split K on its 64 x 256 tiles).
 struct Fp8Workspace {
-  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, y, total;
+  size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xq, sx, a, aq, sa, counters, y,
+      total;
   int64_t tk, tiles_max;
   int splits;
 };
 constexpr size_t kFp8WsAlign = 256;
-// int32 words after the scales of a (sa): the work counters of the 128- and 192-row per-row gemms (one per
-// gemm, ws_run's dynamic schedule), zeroed by the routing kernel.
+// int32 words after the scales of a (Fp8Workspace::counters): the work counters of the 128- and
+// 192-row per-row gemms (one per gemm, ws_run's dynamic schedule), zeroed by the routing kernel.
 constexpr int kFp8WsCounters = 2;
 
 // a_f32 = false: no f32 a (a gemm1 that quantizes a itself; the region is empty, l.a == l.aq).
@@ -286,6 +288,7 @@ inline Fp8Workspace fp8_workspace(const FusedMoeParams& p, int64_t x_scales, int
   l.a = take(a_f32 ? tk * size_t(d.I) * 4 : 0);
   l.aq = take(tk * size_t(d.I));
   l.sa = take(tk * size_t(a_scales) * 4 + kFp8WsCounters * 4);
+  l.counters = l.sa + tk * size_t(a_scales) * 4;
   l.y = take(size_t(splits) * tk * size_t(d.H) * 4);
   l.total = off + kFp8WsAlign;  // the caller's workspace need not be aligned
   return l;

@@ -122,13 +122,13 @@ constexpr int kWsScaleCols = kBN;
 template <class Shape = WsShape<2>>
 constexpr int kWsScaleSmem = Shape::kConsumerWarps * kWsScaleCols * int(sizeof(float));
 // The dynamic shared memory of a WS gemm of tile shape Shape: its ring, the staged scales and the
-// ring's tail flags (ws_run).
+// item words of ws_run's dynamic schedule (one per stage).
 template <class Shape>
 constexpr int ws_gemm_smem_bytes() {
   return ws_smem_bytes<typename Shape::Smem>() + kWsScaleSmem<Shape> + Shape::kStages * int(sizeof(uint32_t));
 }
 template <class Shape>
-__device__ __forceinline__ uint32_t* ws_tail_flags(unsigned char* smem_raw) {
+__device__ __forceinline__ uint32_t* ws_item_words(unsigned char* smem_raw) {
   return reinterpret_cast<uint32_t*>(ws_extra_smem_of<typename Shape::Smem>(smem_raw) + kWsScaleSmem<Shape>);
 }
 // The tail tiles (ws_consume_tail) of the 128 x 256 gemms: M tiles of at most 64 real rows.
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           if (p.amax != nullptr) row_amax_add(p.amax, row, m, lane);
         }
       },
-      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw), p.counter);
+      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_item_words<Shape>(smem_raw), p.counter);
 }
 
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           }
         }
       },
-      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_tail_flags<Shape>(smem_raw), p.counter);
+      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_item_words<Shape>(smem_raw), p.counter);
 }
 
 // ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3
@@ -616,10 +616,10 @@ Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, boo
   // Where the quantizer of a takes the two-pass shape (more than kQuantFewRows rows), the TMA gemm1s
   // find each row's amax (Fp8GemmArgs::amax, in sa, zeroed by the routing) and it reads a once.
   const bool amax_in_gemm1 = (bm != kMmaBM || tma64) && l.tk > kQuantFewRows;
-  // The TMA gemms' work counters (ws_run's dynamic schedule), after sa's rows; the routing
+  // The TMA gemms' work counters (ws_run's dynamic schedule), right after sa's rows: the routing
   // zeroes them with the row amaxes.
   const bool counters = bm == 128 || bm == 192;
-  int32_t* counter = reinterpret_cast<int32_t*>(sa + l.tk);
+  int32_t* counter = at(l.counters);
   int32_t* zero = amax_in_gemm1 ? reinterpret_cast<int32_t*>(sa) : counters ? counter : nullptr;
   const int n_zero = (amax_in_gemm1 ? int(l.tk) : 0) + (counters ? kFp8WsCounters : 0);
   MOEKIT_RETURN_IF_ERROR(launch_route(p,

@@ -7,10 +7,10 @@
 // 8 is the producer (one lane issues every TMA load). The CTAs are persistent: CTA b walks the
 // work list t = b, b + gridDim.x, ... (t -> (M tile, N tile) by ws_tile below), producer and
 // consumers in lockstep over the same list; the fp8 per-row gemms take their items from a work
-// counter instead and may multiply a tile of <= 64 rows at half cost (ws_run's kDynamic / kTail). kWsStages shared-memory stages of one 64-wide K slice
-// (A 128 x 64 + B 256 x 64, 48 KiB) are handed over with mbarriers: full[s] (the producer's
-// arrive.expect_tx + the TMA's complete_tx) and empty[s] (one arrive per consumer warp once the
-// wgmma that read the stage completed). The producer runs up to kWsStages slices ahead, also into
+// counter instead and may multiply a tile of <= 64 rows at half cost (ws_run's kDynamic / kTail).
+// kWsStages shared-memory stages of one 64-wide K slice (A 128 x 64 + B 256 x 64, 48 KiB) are
+// handed over with mbarriers: full[s] (the producer's arrive.expect_tx + the TMA's complete_tx) and
+// empty[s] (one arrive per consumer warp once the wgmma that read the stage completed). The producer runs up to kWsStages slices ahead, also into
 // the next tile while the consumers run the epilogue of this one.
 // Consumer per slice: wait full[s]; 4 x wgmma k16; commit; wait until <= 1 wgmma group is pending
 // (so the tensor pipe always has the next group queued); release the stage of the previous slice.
@@ -205,16 +205,16 @@ using WsRing = WsRingT<>;
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + BM) (BM: the A map's box rows,
 // 128 or 192) and of the two 128-row B boxes at b_row0 / b_row1, for one tile, into the ring. A slice
 // is 128 bytes of K: `slice` elements (64 for bf16 / f16, 128 for fp8).
-// flags (the fp8 gemms' tail tiles, ws_run): flags[s] = flag for each stage s it fills, before the
-// stage's full barrier is armed (the barrier's release orders it for the consumers).
+// words (ws_run's dynamic schedule): words[s] = word (the item and its tail bit) for each stage s it
+// fills, before the stage's full barrier is armed (the barrier's release orders it for the consumers).
 template <class Sm, int kStages>
 __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& ring, const CUtensorMap* ma,
                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
-                                                int kt1, int slice = kBK, uint32_t* flags = nullptr,
-                                                uint32_t flag = 0) {
+                                                int kt1, int slice = kBK, uint32_t* words = nullptr,
+                                                uint32_t word = 0) {
   for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
-    if (flags != nullptr) flags[ring.s] = flag;
+    if (words != nullptr) words[ring.s] = word;
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, Sm::kStageBytes);
     tma_load_2d(sm.a(ring.s), ma, kt * slice, row0, full);
@@ -378,7 +378,7 @@ static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads =
 // atomicAdd(counter, 1); counter zeroed by the routing kernel), which keeps the items in about list
 // order (the M tiles of one expert, full and tail, stay neighbours in time and share B in L2) and
 // the SMs evenly loaded. The producer tells the consumers each item (and its tail bit) through
-// flags (kStages words of shared memory: the word of the stage of the item's first K slice);
+// words (kStages words of shared memory: the word of the stage of the item's first K slice);
 // kWsNoItem ends their loop.
 constexpr uint32_t kWsTailBit = 1u << 31, kWsNoItem = ~0u;
 // kDynamic without kTail (the 192 x 256 tiles): the same dynamic schedule, no tail items.
@@ -386,7 +386,7 @@ template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, bool 
           class Boxes, class Epi, class IsTail = WsNoTail>
 __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                        int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi,
-                                       IsTail is_tail = {}, uint32_t* flags = nullptr, int* counter = nullptr) {
+                                       IsTail is_tail = {}, uint32_t* words = nullptr, int* counter = nullptr) {
   static_assert(kTail == WsTail::none || (Shape::kWgs == 2 && std::is_same_v<TT, __nv_fp8_e4m3>),
                 "tail tiles: fp8 128 x 256 only");
   static_assert(kDynamic || kTail == WsTail::none, "tail items need the dynamic schedule");
@@ -412,12 +412,12 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
         const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
         int row0, b0, b1;
         boxes(it, row0, b0, b1);
-        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, flags,
+        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, words,
                         uint32_t(t) | (is_tail(it) ? kWsTailBit : 0u));
         t = next;
       }
       mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
-      flags[ring.s] = kWsNoItem;
+      words[ring.s] = kWsNoItem;
       mbar_arrive(sm.full(ring.s));
     }
     return;
@@ -436,7 +436,7 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       // Read by the lane that later releases the stage (its arrive orders the read before the
       // producer's next write of the word), then broadcast.
       uint32_t f = 0;
-      if ((threadIdx.x & 31) == 0) f = *static_cast<volatile uint32_t*>(flags + ring.s);
+      if ((threadIdx.x & 31) == 0) f = *static_cast<volatile uint32_t*>(words + ring.s);
       f = __shfl_sync(~0u, f, 0);
       if (f == kWsNoItem) break;
       const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
