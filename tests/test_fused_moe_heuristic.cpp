@@ -174,5 +174,12 @@ TEST(FusedMoeHeuristic, Tma64Gemm2Splits) {
   EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(0, 8, 16, 112), 1);  // no entries
 }
 
+TEST(FusedMoeHeuristic, GroupedWsDynamic) {
+  // gemm1 N (2 I) / gemm2 N (H) of the presets: DeepSeek-V3 4096 / 7168, Mixtral 28672 / 4096,
+  // Llama-4 16384 / 5120 dynamic; Qwen3 1536 / 2048 static.
+  for (int64_t n : {4096, 7168, 28672, 16384, 5120}) EXPECT_TRUE(fused_moe_sm90_grouped_ws_dynamic(n)) << n;
+  for (int64_t n : {1536, 2048, 4095, 256}) EXPECT_FALSE(fused_moe_sm90_grouped_ws_dynamic(n)) << n;
+}
+
 }  // namespace
 }  // namespace moekit

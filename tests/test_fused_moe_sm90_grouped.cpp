@@ -13,9 +13,11 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fused_moe_test_util.h"
+#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
 #include "testing/harness.h"
@@ -361,6 +363,21 @@ TEST(FusedMoeSm90Grouped, LongKLoops128RowMTiles) {
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(200 * 2, 3) == 128, "covers the BM = 128 tiles");
   MoeProblem prob = make(small_shape(Scheme::bf16, 200, 3, 2, 1024, 256));
   expect_matches_ref(prob);
+}
+
+// The 128 x 256 TMA gemms on the dynamic schedule (fused_moe_sm90_grouped_ws_dynamic: N >= 4096): gemm2
+// alone (H = 4096, gemm1 N = 2 I = 512 in the static order), then gemm1 alone (I = 2048, g1u1: N =
+// 4096; gemm2 N = H = 256), each with several items per CTA of the H200's 132.
+TEST(FusedMoeSm90Grouped, DynamicSchedule128RowMTiles) {
+  REQUIRE_CUDA();
+  static_assert(cuda::fused_moe_sm90_grouped_tile_m(300 * 2, 3) == 128, "covers the BM = 128 tiles");
+  static_assert(fused_moe_sm90_grouped_ws_dynamic(4096) && !fused_moe_sm90_grouped_ws_dynamic(512) &&
+                    !fused_moe_sm90_grouped_ws_dynamic(256),
+                "one gemm dynamic, the other static");
+  for (auto [h, inter] : {std::pair{4096, 256}, std::pair{256, 2048}}) {
+    MoeProblem prob = make(small_shape(Scheme::bf16, 300, 3, 2, h, inter));
+    expect_matches_ref(prob);
+  }
 }
 
 // The persistent TMA kernels (BM = 128) with the router weight on the input (the epilogue reads w

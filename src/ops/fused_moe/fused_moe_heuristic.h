@@ -192,6 +192,16 @@ constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E, boo
              : 128;
 }
 
+// The bf16 / f16 128 x 256 TMA gemms (fused_moe_sm90_grouped): the dynamic schedule of ws_run (each
+// CTA claims its next item from a work counter) for a gemm with N >= kGroupedWsDynamicMinN output
+// columns (>= 16 N tiles of 256), else the static order (CTA b: items b + i * grid).
+// NOTE: fitted on the three presets, H200 (docs/PERF.md, 2026-12-02 thirteenth section, bf16, median
+// of 2 rounds against the static order): both gemms dynamic, DeepSeek-V3 (N 4096 / 7168) T=4096
+// 0.89-0.90, T=2048 0.97; Mixtral (28672 / 4096) T=512 0.985, T=4096 1.00; Qwen3 (1536 / 2048) T=2048
+// 1.02, T=4096 1.02 (its gemm1 alone dynamic: 1.025 at T=2048), so Qwen3's short N keeps the static order.
+constexpr int64_t kGroupedWsDynamicMinN = 4096;
+constexpr bool fused_moe_sm90_grouped_ws_dynamic(int64_t N) { return N >= kGroupedWsDynamicMinN; }
+
 // The strategy of the fp8 variants with 64 x 256 QGMMA tiles: the grouped GEMM wherever those tiles
 // take H (H % 256 == 0; the auto kernels then pick them for experts with few rows), else
 // choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) the 64 x 256 tiles beat small_m's

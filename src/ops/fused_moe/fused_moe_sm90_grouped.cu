@@ -21,6 +21,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
@@ -34,6 +35,7 @@ namespace {
 constexpr size_t kAlign = 256;
 
 // ---------------------------------------------------------------- workspace layout
+constexpr int kWsCounters = 2;  // after num_tiles: the work counters of the TMA gemms (gemm1, gemm2)
 struct WsLayout {
   size_t local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles, xs, a, y, total;
   int64_t tk, tiles_max;
@@ -66,7 +68,7 @@ WsLayout layout_of(const FusedMoeParams& p) {
   l.slot_row = take(size_t(l.tk) * 4);
   l.tile_expert = take(size_t(l.tiles_max) * 4);
   l.tile_row0 = take(size_t(l.tiles_max) * 4);
-  l.num_tiles = take(4);
+  l.num_tiles = take(4 * (1 + kWsCounters));  // then the TMA gemms' work counters
   // The TMA path reads gemm1's A from x rows gathered into expert order (TMA copies boxes of
   // consecutive rows; Hopper's has no row gather).
   l.xs = take(fused_moe_sm90_grouped_uses_tma(bm) ? size_t(l.tk) * size_t(d.H) * 2 : 0);
@@ -185,6 +187,7 @@ struct Gemm1Args {
   void* a;                    // [Tk, I] out
   int H, I, k;
   bool weight_on_input;
+  int* counter = nullptr;     // the TMA path: work counter of ws_run's dynamic schedule (zeroed by the routing)
 };
 
 // Grid (tiles_max, N tiles): blockIdx.x fastest so one wave shares the weight N tile across the M
@@ -271,6 +274,7 @@ struct Gemm2Args {
   int64_t y_split;
   int H, I;
   int splits;                 // K ranges (1 or 2; the TMA path only)
+  int* counter = nullptr;     // as Gemm1Args::counter
 };
 
 template <class TT, int BM>
@@ -340,7 +344,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<TT>(
+  ws_run<TT, WsShape<2>, WsTail::none, true>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -354,7 +358,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         store_gemm1<TT, G1U1, A, 1, kWgNT, true>(
             acc.v, warp * 16, p.offsets[e + 1] - row0, p.I - i0, static_cast<TT*>(p.a) + int64_t(row0) * p.I + i0,
             p.I, [&](int rl) { return p.weight_on_input ? p.weights[entry[rl]] : 1.0f; });
-      });
+      },
+      WsNoTail{}, reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
 }
 
 // gemm2 over the work list (M tiles x H / 256 x p.splits K ranges; the K ranges of one tile are
@@ -366,7 +371,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
-  ws_run<TT>(
+  ws_run<TT, WsShape<2>, WsTail::none, true>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
@@ -377,7 +382,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
         store_gemm2<1, kWgNT, true>(acc.v, warp * 16, p.offsets[e + 1] - row0, p.H - h0,
                                     p.y + it.ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
-      });
+      },
+      WsNoTail{}, reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
 }
 
 // ---------------------------------------------------------------- host side
@@ -446,10 +452,11 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_ws_kernel<TT, decltype(g1u1)::value, decltype(act)::value>;
   });
-  MOEKIT_RETURN_IF_ERROR(
-      launch_ws_kernel(fn1, grid(n_tiles1), s, "fused_moe_sm90_grouped gemm1", ma1, mb1, g1, n_tiles1));
-  return launch_ws_kernel(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), s, "fused_moe_sm90_grouped gemm2", ma2, mb2,
-                          g2, n_tiles2);
+  constexpr int kWords = kWsStages * 4;  // ws_run's item words, after the ring (ws_extra_smem)
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(n_tiles1), kWords, s, "fused_moe_sm90_grouped gemm1", ma1,
+                                                mb1, g1, n_tiles1));
+  return launch_ws_kernel_extra(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), kWords, s,
+                                "fused_moe_sm90_grouped gemm2", ma2, mb2, g2, n_tiles2);
 }
 
 template <class TT>
@@ -470,13 +477,20 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   auto* y = reinterpret_cast<float*>(base + l.y);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
 
-  MOEKIT_RETURN_IF_ERROR(launch_route(p, {local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles}, l.tk,
-                                      l.tiles_max, bm, s, "fused_moe_sm90_grouped route"));
+  // The routing also zeroes the TMA gemms' work counters, after num_tiles.
+  MOEKIT_RETURN_IF_ERROR(launch_route(p,
+                                      {local, offsets, row_entry, slot_row, tile_expert, tile_row0, num_tiles,
+                                       num_tiles + 1, kWsCounters},
+                                      l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped route"));
 
   Gemm1Args g1{p.x.data, p.x.stride[0], p.w1.data, p.topk_weights.ptr<const float>(), offsets, row_entry,
                tile_expert, tile_row0, num_tiles, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
   Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, num_tiles, y, l.tk * d.H, int(d.H), int(d.I),
                l.splits};
+  // The dynamic schedule where a gemm has >= 16 N tiles (fused_moe_sm90_grouped_ws_dynamic), else the
+  // static order; the routing zeroes both counters either way.
+  g1.counter = fused_moe_sm90_grouped_ws_dynamic(d.g1u1 ? 2 * d.I : d.I) ? num_tiles + 1 : nullptr;
+  g2.counter = fused_moe_sm90_grouped_ws_dynamic(d.H) ? num_tiles + 2 : nullptr;
   if (bm == 64) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
   } else if constexpr (fused_moe_sm90_grouped_uses_tma(128)) {

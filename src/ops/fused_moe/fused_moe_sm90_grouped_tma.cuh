@@ -380,6 +380,8 @@ static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads =
 // the SMs evenly loaded. The producer tells the consumers each item (and its tail bit) through
 // words (kStages words of shared memory: the word of the stage of the item's first K slice);
 // kWsNoItem ends their loop.
+// kDynamic with counter == nullptr: the same producer-to-consumer words, items in the static order
+// (the bf16 / f16 gemms where fused_moe_sm90_grouped_ws_dynamic says so, fused_moe_heuristic.h).
 constexpr uint32_t kWsTailBit = 1u << 31, kWsNoItem = ~0u;
 // kDynamic without kTail (the 192 x 256 tiles): the same dynamic schedule, no tail items.
 template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, bool kDynamic = kTail != WsTail::none,
@@ -408,7 +410,8 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       }
     } else {
       for (int t = blockIdx.x; t < total;) {
-        const int next = int(gridDim.x) + atomicAdd(counter, 1);  // used after this item's loads
+        // Used after this item's loads; no counter: the static order (CTA b: items b + i gridDim.x).
+        const int next = counter ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
         const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
         int row0, b0, b1;
         boxes(it, row0, b0, b1);
