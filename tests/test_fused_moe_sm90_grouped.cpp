@@ -367,16 +367,19 @@ TEST(FusedMoeSm90Grouped, LongKLoops128RowMTiles) {
 
 // The 128 x 256 TMA gemms on the dynamic schedule (fused_moe_sm90_grouped_ws_dynamic: N >= 4096): gemm2
 // alone (H = 4096, gemm1 N = 2 I = 512 in the static order), then gemm1 alone (I = 2048, g1u1: N =
-// 4096; gemm2 N = H = 256), each with several items per CTA of the H200's 132.
+// 4096; gemm2 N = H = 256), each with several items per CTA of the H200's 132; bf16, then f16.
 TEST(FusedMoeSm90Grouped, DynamicSchedule128RowMTiles) {
   REQUIRE_CUDA();
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(300 * 2, 3) == 128, "covers the BM = 128 tiles");
   static_assert(fused_moe_sm90_grouped_ws_dynamic(4096) && !fused_moe_sm90_grouped_ws_dynamic(512) &&
                     !fused_moe_sm90_grouped_ws_dynamic(256),
                 "one gemm dynamic, the other static");
-  for (auto [h, inter] : {std::pair{4096, 256}, std::pair{256, 2048}}) {
-    MoeProblem prob = make(small_shape(Scheme::bf16, 300, 3, 2, h, inter));
-    expect_matches_ref(prob);
+  for (Scheme sc : {Scheme::bf16, Scheme::f16}) {
+    for (auto [h, inter] : {std::pair{4096, 256}, std::pair{256, 2048}}) {
+      SCOPED_TRACE(std::string(scheme_name(sc)) + " H " + std::to_string(h) + " I " + std::to_string(inter));
+      MoeProblem prob = make(small_shape(sc, 300, 3, 2, h, inter));
+      expect_matches_ref(prob);
+    }
   }
 }
 
