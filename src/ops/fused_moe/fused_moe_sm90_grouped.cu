@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<TT, WsShape<2>, WsTail::none, true>(
+  ws_run<TT>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             acc.v, warp * 16, p.offsets[e + 1] - row0, p.I - i0, static_cast<TT*>(p.a) + int64_t(row0) * p.I + i0,
             p.I, [&](int rl) { return p.weight_on_input ? p.weights[entry[rl]] : 1.0f; });
       },
-      WsNoTail{}, reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
+      reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
 }
 
 // gemm2 over the work list (M tiles x H / 256 x p.splits K ranges; the K ranges of one tile are
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5;
-  ws_run<TT, WsShape<2>, WsTail::none, true>(
+  ws_run<TT>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         store_gemm2<1, kWgNT, true>(acc.v, warp * 16, p.offsets[e + 1] - row0, p.H - h0,
                                     p.y + it.ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
       },
-      WsNoTail{}, reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
+      reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
 }
 
 // ---------------------------------------------------------------- host side

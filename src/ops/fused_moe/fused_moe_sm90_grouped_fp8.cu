@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
   const int n1 = G1U1 ? 2 * p.I : p.I, nb = G1U1 ? kBN / 2 : kBN;
-  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, G1U1 ? WsTail::gate_up : WsTail::halves>, true>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, G1U1 ? WsTail::gate_up : WsTail::halves>>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, 1, p.H / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         const int e = p.tile_expert[it.m], i0 = it.n * nb;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           if (p.amax != nullptr) row_amax_add(p.amax, row, m, lane);
         }
       },
-      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_item_words<Shape>(smem_raw), p.counter);
+      ws_item_words<Shape>(smem_raw), p.counter, [&](const WsItem& it) { return fp8_tail_tile(p, it.m); });
 }
 
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
-  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>, true>(
+  ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
         row0 = p.tile_row0[it.m];
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
           }
         }
       },
-      [&](const WsItem& it) { return fp8_tail_tile(p, it.m); }, ws_item_words<Shape>(smem_raw), p.counter);
+      ws_item_words<Shape>(smem_raw), p.counter, [&](const WsItem& it) { return fp8_tail_tile(p, it.m); });
 }
 
 // ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3

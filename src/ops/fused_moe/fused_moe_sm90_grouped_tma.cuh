@@ -5,13 +5,14 @@
 // CTA = 9 warps: warps 0-7 are two consumer warpgroups (warpgroup g multiplies A rows 64 g .. 64 g
 // + 63 of the tile by all 256 B rows with wgmma m64n256k16, 128 f32 accumulators per thread), warp
 // 8 is the producer (one lane issues every TMA load). The CTAs are persistent: CTA b walks the
-// work list t = b, b + gridDim.x, ... (t -> (M tile, N tile) by ws_tile below), producer and
-// consumers in lockstep over the same list; the fp8 per-row gemms take their items from a work
-// counter instead and may multiply a tile of <= 64 rows at half cost (ws_run's kDynamic / kTail).
+// work list t = b, b + gridDim.x, ... (t -> (M tile, N tile) by ws_tile below), or takes its items
+// from a work counter; the producer tells the consumers each item (ws_run). The fp8 per-row gemms may
+// multiply a tile of <= 64 rows at half cost (ws_run's kTail).
 // kWsStages shared-memory stages of one 64-wide K slice (A 128 x 64 + B 256 x 64, 48 KiB) are
 // handed over with mbarriers: full[s] (the producer's arrive.expect_tx + the TMA's complete_tx) and
-// empty[s] (one arrive per consumer warp once the wgmma that read the stage completed). The producer runs up to kWsStages slices ahead, also into
-// the next tile while the consumers run the epilogue of this one.
+// empty[s] (one arrive per consumer warp once the wgmma that read the stage completed). The producer
+// runs up to kWsStages slices ahead, also into the next tile while the consumers run the epilogue of
+// this one.
 // Consumer per slice: wait full[s]; 4 x wgmma k16; commit; wait until <= 1 wgmma group is pending
 // (so the tensor pipe always has the next group queued); release the stage of the previous slice.
 // NOTE: with launch bounds (288, 1) ptxas gives every thread at most 168 registers (it spills at
@@ -205,16 +206,15 @@ using WsRing = WsRingT<>;
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + BM) (BM: the A map's box rows,
 // 128 or 192) and of the two 128-row B boxes at b_row0 / b_row1, for one tile, into the ring. A slice
 // is 128 bytes of K: `slice` elements (64 for bf16 / f16, 128 for fp8).
-// words (ws_run's dynamic schedule): words[s] = word (the item and its tail bit) for each stage s it
-// fills, before the stage's full barrier is armed (the barrier's release orders it for the consumers).
+// words[s] = word (ws_run's item and its tail bit) for each stage s it fills, before the stage's full
+// barrier is armed (the barrier's release orders it for the consumers).
 template <class Sm, int kStages>
 __device__ __forceinline__ void ws_produce_tile(const Sm& sm, WsRingT<kStages>& ring, const CUtensorMap* ma,
                                                 const CUtensorMap* mb, int row0, int b_row0, int b_row1, int kt0,
-                                                int kt1, int slice = kBK, uint32_t* words = nullptr,
-                                                uint32_t word = 0) {
+                                                int kt1, int slice, uint32_t* words, uint32_t word) {
   for (int kt = kt0; kt < kt1; ++kt) {
     mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);  // fresh barriers: parity 1 counts as completed
-    if (words != nullptr) words[ring.s] = word;
+    words[ring.s] = word;
     const uint32_t full = sm.full(ring.s);
     mbar_arrive_expect_tx(full, Sm::kStageBytes);
     tma_load_2d(sm.a(ring.s), ma, kt * slice, row0, full);
@@ -367,31 +367,28 @@ struct WsShape {
 };
 static_assert(std::is_same_v<WsShape<2>::Smem, WsSmem> && WsShape<2>::kThreads == kWsThreads, "one formula");
 
-// The persistent schedule shared by the WS kernels: CTA b takes items t = b, b + gridDim.x, ... of
-// num_m x n_tiles x splits; lane 0 of the producer loads each item's K slices (boxes(it, row0, b0,
-// b1) gives the A first row and the two B box rows), the Shape::kWgs consumer warpgroups multiply
-// (WgmmaOp<TT>, `slice` elements per 128-byte K slice) and call epi(it, acc). The producer returns
-// early; no CTA-wide barrier may follow.
+// The persistent schedule shared by the WS kernels over num_m x n_tiles x splits items: lane 0 of
+// the producer loads each item's K slices (boxes(it, row0, b0, b1) gives the A first row and the two
+// B box rows), the Shape::kWgs consumer warpgroups multiply (WgmmaOp<TT>, `slice` elements per
+// 128-byte K slice) and call epi(it, acc). The producer returns early; no CTA-wide barrier may follow.
+// Which items a CTA runs: with a counter (zeroed by the routing kernel), item b, then the next
+// unclaimed one (gridDim.x + atomicAdd(counter, 1)), which keeps the items in about list order (the M
+// tiles of one expert stay neighbours in time and share B in L2) and the SMs evenly loaded; with none
+// (counter == nullptr: the bf16 / f16 gemms where fused_moe_sm90_grouped_ws_dynamic says so,
+// fused_moe_heuristic.h), the static order b, b + gridDim.x, ... The producer tells the consumers
+// each item (and its tail bit) through words (kStages words of shared memory: the word of the stage
+// of the item's first K slice); kWsNoItem ends their loop.
 // kTail (fp8, 128 x 256 only): items with is_tail(it) (the producer asks) run as tail tiles
 // (ws_consume_tail) and the epilogue is epi(it, acc, tail). A tail item costs half a full one, so
-// the schedule is dynamic: CTA b takes item b, then the next unclaimed one (gridDim.x +
-// atomicAdd(counter, 1); counter zeroed by the routing kernel), which keeps the items in about list
-// order (the M tiles of one expert, full and tail, stay neighbours in time and share B in L2) and
-// the SMs evenly loaded. The producer tells the consumers each item (and its tail bit) through
-// words (kStages words of shared memory: the word of the stage of the item's first K slice);
-// kWsNoItem ends their loop.
-// kDynamic with counter == nullptr: the same producer-to-consumer words, items in the static order
-// (the bf16 / f16 gemms where fused_moe_sm90_grouped_ws_dynamic says so, fused_moe_heuristic.h).
+// those gemms take the counter.
 constexpr uint32_t kWsTailBit = 1u << 31, kWsNoItem = ~0u;
-// kDynamic without kTail (the 192 x 256 tiles): the same dynamic schedule, no tail items.
-template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, bool kDynamic = kTail != WsTail::none,
-          class Boxes, class Epi, class IsTail = WsNoTail>
+template <class TT, class Shape = WsShape<2>, WsTail kTail = WsTail::none, class Boxes, class Epi,
+          class IsTail = WsNoTail>
 __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUtensorMap* ma, const CUtensorMap* mb,
                                        int num_m, int n_tiles, int splits, int KT, int slice, Boxes boxes, Epi epi,
-                                       IsTail is_tail = {}, uint32_t* words = nullptr, int* counter = nullptr) {
+                                       uint32_t* words, int* counter, IsTail is_tail = {}) {
   static_assert(kTail == WsTail::none || (Shape::kWgs == 2 && std::is_same_v<TT, __nv_fp8_e4m3>),
                 "tail tiles: fp8 128 x 256 only");
-  static_assert(kDynamic || kTail == WsTail::none, "tail items need the dynamic schedule");
   const int warp = threadIdx.x >> 5;
   const int total = num_m * n_tiles * splits;
   typename Shape::Ring ring;
@@ -401,61 +398,43 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
       if (warp != Shape::kConsumerWarps) return;
     }
     if (threadIdx.x % 32 != 0) return;
-    if constexpr (!kDynamic) {
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
-        int row0, b0, b1;
-        boxes(it, row0, b0, b1);
-        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice);
-      }
-    } else {
-      for (int t = blockIdx.x; t < total;) {
-        // Used after this item's loads; no counter: the static order (CTA b: items b + i gridDim.x).
-        const int next = counter ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
-        const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
-        int row0, b0, b1;
-        boxes(it, row0, b0, b1);
-        ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, words,
-                        uint32_t(t) | (is_tail(it) ? kWsTailBit : 0u));
-        t = next;
-      }
-      mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
-      words[ring.s] = kWsNoItem;
-      mbar_arrive(sm.full(ring.s));
+    for (int t = blockIdx.x; t < total;) {
+      // Used after this item's loads; no counter: the static order (CTA b: items b + i gridDim.x).
+      const int next = counter ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+      const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
+      int row0, b0, b1;
+      boxes(it, row0, b0, b1);
+      ws_produce_tile(sm, ring, ma, mb, row0, b0, b1, it.kt0, it.kt1, slice, words,
+                      uint32_t(t) | (is_tail(it) ? kWsTailBit : 0u));
+      t = next;
     }
+    mbar_wait(sm.empty(ring.s), ring.phase ^ 1u);
+    words[ring.s] = kWsNoItem;
+    mbar_arrive(sm.full(ring.s));
     return;
   }
   if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
-  if constexpr (!kDynamic) {
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const WsItem it = ws_item(t, num_m, n_tiles, splits, KT);
-      AccW acc;
+  while (true) {
+    mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
+    // Read by the lane that later releases the stage (its arrive orders the read before the
+    // producer's next write of the word), then broadcast.
+    uint32_t f = 0;
+    if ((threadIdx.x & 31) == 0) f = *static_cast<volatile uint32_t*>(words + ring.s);
+    f = __shfl_sync(~0u, f, 0);
+    if (f == kWsNoItem) break;
+    const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
+    AccW acc;
+    if constexpr (kTail == WsTail::none) {
       ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
       epi(it, acc);
-    }
-  } else {
-    while (true) {
-      mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
-      // Read by the lane that later releases the stage (its arrive orders the read before the
-      // producer's next write of the word), then broadcast.
-      uint32_t f = 0;
-      if ((threadIdx.x & 31) == 0) f = *static_cast<volatile uint32_t*>(words + ring.s);
-      f = __shfl_sync(~0u, f, 0);
-      if (f == kWsNoItem) break;
-      const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
-      AccW acc;
-      if constexpr (kTail == WsTail::none) {
-        ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
-        epi(it, acc);
+    } else {
+      const bool tail = (f & kWsTailBit) != 0;
+      if (tail) {
+        ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
       } else {
-        const bool tail = (f & kWsTailBit) != 0;
-        if (tail) {
-          ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
-        } else {
-          ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
-        }
-        epi(it, acc, tail);
+        ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
       }
+      epi(it, acc, tail);
     }
   }
 }
