@@ -10,8 +10,10 @@
 #   TEST_FILTER='*' (gtest filter of the tests step)   SANITIZE_TOOLS="memcheck racecheck" (initcheck
 #   also; each tool with its own filter, or SANITIZE_FILTER for all of them)
 # NOTE: one device call may run 10 minutes. The test binary alone took 4-7 min on the H200 (2026-11-29,
-# 509 tests, the machine partly busy; 3.5 min on 2026-12-01 for 532), check ~1.5 min, sanitize up to
-# 2 x 150 s, python (build + pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
+# 509 tests, the machine partly busy; 3.5 min on 2026-12-01 for 532; 4 shards of 564 next to check and
+# sanitize ~5.5 min on 2026-12-02), check ~1.5 min, sanitize: memcheck 320 s alone (2026-12-02: it ran
+# past a 330 s limit next to the tests; SANITIZE_LIMIT default 420), racecheck ~150 s, python (build +
+# pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
 # kernel run (DeepSeek-V3 the longest: its cuBLAS baseline plans 256 experts): split them, e.g.
 # STEPS="tests check", then STEPS="sanitize python", then STEPS=bench with BENCH_MODELS / FP8_SCHEMES.
 # The ep step (expert parallelism over NCCL) runs on machines with >= 2 GPUs and says so otherwise.
@@ -75,7 +77,7 @@ if has sanitize; then
     filter=$MEMCHECK_FILTER  # memcheck and initcheck
     [ "$tool" = racecheck ] && filter=$RACECHECK_FILTER
     filter=${SANITIZE_FILTER:-$filter}
-    bg "sanitize_$tool" timeout ${SANITIZE_LIMIT:-300} compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    bg "sanitize_$tool" timeout ${SANITIZE_LIMIT:-420} compute-sanitizer --tool "$tool" --error-exitcode 99 \
       $B/moekit_tests --gtest_brief=1 --gtest_filter="$filter" > "$L/sanitize_$tool.log" 2>&1
   done
 fi

@@ -132,6 +132,8 @@ __device__ __forceinline__ uint32_t* ws_item_words(unsigned char* smem_raw) {
   return reinterpret_cast<uint32_t*>(ws_extra_smem_of<typename Shape::Smem>(smem_raw) + kWsScaleSmem<Shape>);
 }
 // The tail tiles (ws_consume_tail) of the 128 x 256 gemms: M tiles of at most 64 real rows.
+// NOTE: a K-split gemm2's tail item over the whole K in range 0 (other ranges skipped) measured 1.045-
+// 1.085x at Mixtral fp8_tensor T=256..4096 (branch tailk; docs/PERF.md, fourteenth session).
 template <class Shape, WsTail kKind>
 constexpr WsTail kFp8Tail = Shape::kWgs == 2 ? kKind : WsTail::none;
 __device__ __forceinline__ bool fp8_tail_tile(const Fp8GemmArgs& p, int m) {
@@ -154,7 +156,9 @@ __device__ __forceinline__ void stage_wscales(float* dst, const float* w_scale, 
 }
 
 // gemm1: ma = xq [Tk, H] codes, mb = w1 as [E * N1, H] codes; N tiles of 128 gate + 128 up columns
-// (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w). Shape:
+// (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w).
+// NOTE: a in bf16 (branch abf16) measured 0.98-0.99x at Mixtral T=512 for ~3% of a's codes one step
+// off the reference: not kept (docs/PERF.md, fourteenth session). Shape:
 // the tile shape (WsShape<2>: 128 x 256, WsShape<3>: 192 x 256); consumer warp w takes rows 16 w ..
 // 16 w + 15 of the tile.
 template <bool G1U1, Activation A, class Shape = WsShape<2>>

@@ -159,7 +159,9 @@ __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring
 // the H200 (docs/PERF.md, eighth session): four m64n64k32 quarter groups into two 32-register
 // buffers, so a group runs during the previous one's fold (+9..14%); issuing the two warpgroups'
 // groups in turn through named barriers (+3..7%, or +11..17% when the turn passes after the group
-// retired); the tiles in two-CTA clusters with the B boxes multicast (-1..+3%, branch gpu-pending8).
+// retired); the tiles in two-CTA clusters with the B boxes multicast (-1..+3%, branch gpu-pending8);
+// A from registers (wgmma RS: four ldmatrix.x4 per slice, shared by both halves, 40 instead of 48 KiB
+// of shared-memory reads per slice and warpgroup): +0..6% (branch rsa; docs/PERF.md, fourteenth session).
 template <int kBM, int kN, class Fold>
 __device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
                                                         typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
