@@ -182,9 +182,8 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       [&](const WsItem& it, const AccW& acc, bool tail = false) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], i0 = it.n * nb;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
-        // A tail tile: both warpgroups on rows 0..63, warpgroup wg on the gate / up columns 64 wg ..
-        // (g1u1) or on columns 128 wg .. (ws_consume_tail).
-        const int rb = tail ? (warp & 3) * 16 : warp * 16, cw = tail ? (warp >> 2) * (G1U1 ? 64 : 128) : 0;
+        int rb, cw;  // the warp's first row and column (a tail tile: ws_consume_tail's layout)
+        ws_warp_origin<G1U1 ? WsTail::gate_up : WsTail::halves>(warp, tail, rb, cw);
         if (rb >= nrows) return;  // no real row in the warp's 16
         // Per-row scales: the gate's 128 columns then the up's 128 (g1u1), or the 256 columns.
         const float ws_e = wscale_e(p, e);
@@ -256,8 +255,8 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       [&](const WsItem& it, const AccW& acc, bool tail = false) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
-        // A tail tile: both warpgroups on rows 0..63, warpgroup wg on columns 128 wg .. (ws_consume_tail).
-        const int rb = tail ? (warp & 3) * 16 : warp * 16, cw = tail ? (warp >> 2) * 128 : 0;
+        int rb, cw;  // the warp's first row and column (a tail tile: ws_consume_tail's layout)
+        ws_warp_origin<WsTail::halves>(warp, tail, rb, cw);
         if (rb >= nrows) return;  // no real row in the warp's 16
         const float ws_e = wscale_e(p, e);
         if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);

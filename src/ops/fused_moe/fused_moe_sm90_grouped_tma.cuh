@@ -323,6 +323,16 @@ __device__ __forceinline__ void ws_consume_tail(const Sm& sm, WsRingT<kStages>& 
   });
 }
 
+// A consumer warp's first row and first column in its warpgroup's accumulators, relative to the
+// tile's (per gate / up half for WsTail::gate_up): rows 16 warp .. of all columns for a full tile
+// (ws_consume_tile); for a tail tile (ws_consume_tail<kTail>) rows 16 (warp & 3) .. and the
+// columns of warpgroup warp / 4 (64 of each half for gate_up, 128 for halves).
+template <WsTail kTail>
+__device__ __forceinline__ void ws_warp_origin(int warp, bool tail, int& row, int& col) {
+  row = tail ? (warp & 3) * 16 : warp * 16;
+  col = tail ? (warp >> 2) * (kTail == WsTail::gate_up ? 64 : 128) : 0;
+}
+
 // One item of the work list: M tile m (of num_m), N tile n, K range ks (of `splits`) = K slices
 // [kt0, kt1). The K ranges of one tile are consecutive items.
 struct WsItem {
