@@ -10,6 +10,7 @@ const char* status_code_name(StatusCode c) {
     case StatusCode::unsupported: return "unsupported";
     case StatusCode::backend_error: return "backend_error";
     case StatusCode::internal: return "internal";
+    case StatusCode::out_of_memory: return "out_of_memory";
   }
   return "unknown";
 }

@@ -221,7 +221,9 @@ std::vector<const Kernel*> kernels_of(OpKind op, Backend backend) {
 
 int report_error(const char* cmd, const Status& s) {
   std::fprintf(stderr, "moekit %s: %s\n", cmd, s.message().c_str());
-  return s.code() == StatusCode::invalid_argument ? kExitUsage : kExitFailure;
+  // A request too large for the machine is the caller's to change, like a bad argument.
+  const bool usage = s.code() == StatusCode::invalid_argument || s.code() == StatusCode::out_of_memory;
+  return usage ? kExitUsage : kExitFailure;
 }
 
 }  // namespace moekit::cli

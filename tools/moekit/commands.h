@@ -116,8 +116,8 @@ Status parse_backend_selection(const std::string& text, std::vector<Backend>* ou
 // Registered kernels of `op` on `backend`, in registry order.
 std::vector<const Kernel*> kernels_of(OpKind op, Backend backend);
 
-// Prints "moekit <cmd>: <message>" on stderr and returns kExitUsage (invalid_argument) or
-// kExitFailure (anything else).
+// Prints "moekit <cmd>: <message>" on stderr and returns kExitUsage (invalid_argument,
+// out_of_memory) or kExitFailure (anything else).
 int report_error(const char* cmd, const Status& s);
 
 // ---------------------------------------------------------------- subcommands

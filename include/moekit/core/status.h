@@ -16,6 +16,7 @@ enum class StatusCode : int {
   unsupported,       // valid, but no kernel (or not this kernel) can run it
   backend_error,     // a backend runtime failed (CUDA error, no device, ...)
   internal,          // a bug in moekit
+  out_of_memory,     // a host or device allocation the call needs failed (the size is in the message)
 };
 
 const char* status_code_name(StatusCode c);
@@ -59,6 +60,10 @@ Status Unsupported(const Args&... args) {
 template <class... Args>
 Status BackendError(const Args&... args) {
   return Status(StatusCode::backend_error, status_detail::concat(args...));
+}
+template <class... Args>
+Status OutOfMemory(const Args&... args) {
+  return Status(StatusCode::out_of_memory, status_detail::concat(args...));
 }
 template <class... Args>
 Status Internal(const Args&... args) {
