@@ -662,6 +662,78 @@ TEST(FusedMoe, ValidationDevices) {
   expect_invalid(p, {"topk_ids: is on cuda:0 but x is on cpu:0"});
 }
 
+// [2^21, 2^22, 2^21] weights wrapped to 0 elements, so a null w1 passed validation and crashed.
+TEST(FusedMoe, ValidationSizesThatOverflow) {
+  MoeProblem prob = validation_problem();
+  const int64_t H = int64_t(1) << 21;
+  FusedMoeParams p = prob.params();
+  p.x = TensorView::contiguous(p.x.data, DType::bf16, {4, H});
+  p.out = TensorView::contiguous(p.out.data, DType::bf16, {4, H});
+  p.w1 = TensorView::contiguous(nullptr, DType::bf16, {H, int64_t(1) << 22, H});
+  p.w2 = TensorView::contiguous(nullptr, DType::bf16, {H, H, H});
+  expect_invalid(p, {"w1: [2097152, 4194304, 2097152] bf16 cpu", "spans more than 2^62 bytes"});
+}
+
+// Enum fields out of range: Layout(9) skipped the layout checks and read out of bounds,
+// Activation(9) silently ran the identity.
+TEST(FusedMoe, ValidationUnknownEnumValues) {
+  MoeProblem prob = validation_problem();
+  FusedMoeParams p = prob.params();
+  p.w1.layout = p.w2.layout = static_cast<Layout>(9);
+  expect_invalid(p, {"w1: layout 9 is not a Layout"});
+  p = prob.params();
+  p.activation = static_cast<Activation>(9);
+  expect_invalid(p, {"activation: 9 is not an Activation"});
+}
+
+// out may be x itself, but a partial overlap made the reference kernels read rows they had
+// already overwritten: a silent wrong answer. Overlapping any other input is refused too.
+TEST(FusedMoe, OutAliasingXExactlyOrNotAtAll) {
+  MoeProblem prob = validation_problem();  // T 4, H 64, bf16
+  ASSERT_TRUE(fused_moe(prob.params()).ok());
+  const std::vector<unsigned char> expected = prob.out.bytes;
+
+  MoeProblem in_place = prob;
+  FusedMoeParams p = in_place.params();
+  p.out = p.x;
+  ASSERT_TRUE(fused_moe(p).ok());
+  EXPECT_EQ(in_place.x.bytes, expected);
+
+  Buffer wide(DType::bf16, {5, 64});  // x in rows 0..3, out in rows 1..4
+  std::memcpy(wide.bytes.data(), prob.x.bytes.data(), prob.x.bytes.size());
+  p = prob.params();
+  p.x = TensorView::contiguous(wide.bytes.data(), DType::bf16, {4, 64});
+  p.out = TensorView::contiguous(wide.bytes.data() + 64 * 2, DType::bf16, {4, 64});
+  const std::vector<unsigned char> before = wide.bytes;
+  expect_invalid(p, {"out: overlaps x without being x"});
+  EXPECT_EQ(wide.bytes, before);
+  p = prob.params();
+  p.out = TensorView::contiguous(prob.w2.bytes.data(), DType::bf16, {4, 64});
+  expect_invalid(p, {"out: must not overlap w2"});
+  p = prob.params();
+  p.out = TensorView::contiguous(prob.topk_weights.bytes.data(), DType::bf16, {4, 64});
+  expect_invalid(p, {"out: must not overlap"});
+}
+
+// A workspace the host cannot give (H = 2^48: petabytes) is an out_of_memory Status; it used to
+// be a std::bad_alloc through an API that promises never to throw. Nothing reads the fake data.
+TEST(FusedMoe, HostAllocationFailureIsAStatus) {
+  MoeProblem prob = make(small_shape(Scheme::bf16, 1, 1, 1, 64, 1));
+  const int64_t H = int64_t(1) << 48;
+  // Disjoint fake ranges above the 47-bit user address space (no real buffer is there).
+  auto fake = [](int i) { return reinterpret_cast<void*>((uintptr_t(1) << 52) + uintptr_t(i) * (uintptr_t(1) << 51)); };
+  FusedMoeParams p = prob.params();
+  p.x = TensorView::contiguous(fake(0), DType::bf16, {1, H});
+  p.out = TensorView::contiguous(fake(1), DType::bf16, {1, H});
+  p.w1 = TensorView::contiguous(fake(2), DType::bf16, {1, 2, H});
+  p.w2 = TensorView::contiguous(fake(3), DType::bf16, {1, H, 1});
+  RunOptions ref;
+  ref.kernel = "fused_moe_ref";
+  const Status st = fused_moe(p, ref);
+  EXPECT_EQ(st.code(), StatusCode::out_of_memory) << st.to_string();
+  EXPECT_NE(st.message().find("fused_moe_ref"), std::string::npos) << st.message();
+}
+
 // ---------------------------------------------------------------- poison: invalid calls write nothing
 TEST(FusedMoe, PoisonInvalidCallsLeaveOutputUntouched) {
   MoeProblem prob = make(small_shape(Scheme::bf16, 5, 6, 2));

@@ -82,7 +82,7 @@ TEST_F(Dispatch, BackendFilterWithNothingAvailableListsReasons) {
 TEST_F(Dispatch, ForceKernelBeatsBackendAndPriority) {
   Config cfg;
   cfg.backend = "cpu";
-  cfg.force_kernel = "other_op_kernel,sort_ref";
+  cfg.force_kernel = "route_ref,sort_ref";
   EXPECT_EQ(pick(cfg, 10), "sort_ref");
 }
 
@@ -92,6 +92,15 @@ TEST_F(Dispatch, ForceKernelThatRefusesIsAnError) {
   const std::string r = pick(cfg, 1000);
   EXPECT_NE(r.find("MOEKIT_FORCE_KERNEL=sort_cpu_fast"), std::string::npos) << r;
   EXPECT_NE(r.find("size 1000 > 100"), std::string::npos) << r;
+}
+
+// A misspelt name used to be ignored: the usual choice ran although the docs promise no silent
+// fallback.
+TEST_F(Dispatch, ForceKernelThatNamesNoKernelIsAnError) {
+  Config cfg;
+  cfg.force_kernel = "route_ref,sort_reff";
+  const std::string r = pick(cfg, 10);
+  EXPECT_NE(r.find("MOEKIT_FORCE_KERNEL=route_ref,sort_reff: no kernel named 'sort_reff'"), std::string::npos) << r;
 }
 
 TEST_F(Dispatch, ForceKernelOfAnotherOpIsIgnoredForThisOp) {

@@ -47,13 +47,43 @@ Status well_formed(const TensorView& t, const char* name) {
   if (t.ndim < 0 || t.ndim > kMaxDims) {
     return InvalidArgument(name, ": ndim must be in [1, ", kMaxDims, "], got ", t.ndim);
   }
+  // Enum fields hold any byte a caller stores there: an unknown value would take no path's checks.
+  if (int(t.dtype) >= kNumDTypes) return InvalidArgument(name, ": dtype ", int(t.dtype), " is not a DType");
+  if (int(t.layout) >= kNumLayouts) return InvalidArgument(name, ": layout ", int(t.layout), " is not a Layout");
+  if (t.device != Device::cpu && t.device != Device::cuda) {
+    return InvalidArgument(name, ": device ", int(t.device), " is not a Device");
+  }
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] < 0) return InvalidArgument(name, ": size of dim ", i, " is negative (", t.shape[i], ")");
+  }
+  // Every size the kernels derive from the shape (element and byte counts, the last element's
+  // offset) must fit with room to spare: a wrapped product would make a huge view look empty.
+  int64_t bytes = 0;
+  if (!span_bytes(t, &bytes)) {
+    return InvalidArgument(name, ": ", t.describe(), " with strides ", dims_str(Dims(t.stride, t.stride + t.ndim)),
+                           " spans more than 2^62 bytes");
   }
   if (t.numel() > 0 && t.data == nullptr) {
     return InvalidArgument(name, ": data is null but the tensor has ", t.numel(), " elements");
   }
   return Status::Ok();
+}
+
+bool span_bytes(const TensorView& t, int64_t* bytes) {
+  *bytes = 0;
+  if (t.ndim <= 0 || t.ndim > kMaxDims || t.numel() == 0) return true;
+  int64_t elems = 1, last = 0;  // the element count and the last element's offset, in elements
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) return false;
+    int64_t step = 0;
+    const int64_t stride = t.stride[i] < 0 ? -t.stride[i] : t.stride[i];
+    if (__builtin_mul_overflow(elems, t.shape[i], &elems) || t.stride[i] == INT64_MIN ||
+        __builtin_mul_overflow(t.shape[i] - 1, stride, &step) || __builtin_add_overflow(last, step, &last)) {
+      return false;
+    }
+  }
+  const int64_t extent = std::max(elems, last + 1);
+  return !__builtin_mul_overflow(extent, int64_t(dtype_size(t.dtype)), bytes) && *bytes <= kMaxSpanBytes;
 }
 
 Status dtype_in(const TensorView& t, const char* name, std::initializer_list<DType> allowed) {
@@ -108,10 +138,12 @@ Status same_device(const TensorView& ref, const char* ref_name, const TensorView
 }
 
 bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  int64_t na = 0, nb = 0;
+  if (!span_bytes(a, &na) || !span_bytes(b, &nb)) return true;  // unvalidated: assume the worst
+  if (na == 0 || nb == 0) return false;
   const auto* a0 = static_cast<const unsigned char*>(a.data);
   const auto* b0 = static_cast<const unsigned char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  return a0 < b0 + nb && b0 < a0 + na;
 }
 
 }  // namespace moekit::check

@@ -25,7 +25,9 @@ std::string shape_str(std::initializer_list<int64_t> dims);
 
 Status present(const TensorView& t, const char* name);
 Status absent(const TensorView& t, const char* name, const char* why);
-// ndim within kMaxDims, non-negative sizes, data non-null when it has elements.
+// ndim within kMaxDims, dtype / layout / device known values, non-negative sizes, the byte span
+// at most kMaxSpanBytes (no size derived from the shape can overflow), data non-null when it has
+// elements.
 Status well_formed(const TensorView& t, const char* name);
 Status dtype_in(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
 // Exact shape; -1 accepts any size in that position.
@@ -37,8 +39,15 @@ Status layout_is(const TensorView& t, const char* name, Layout l);
 // All present tensors in the list live on the same device as `ref`.
 Status same_device(const TensorView& ref, const char* ref_name, const TensorView& t, const char* name);
 
-// Whether the byte ranges [data, data + nbytes) of two contiguous tensors intersect (an empty
-// tensor overlaps nothing). A predicate, not a Status: each op words its own aliasing rule.
+// The most bytes one view may span: 2^62 leaves room for sums of a few such sizes in int64.
+constexpr int64_t kMaxSpanBytes = int64_t(1) << 62;
+// Bytes from data to the end of the view's farthest element, at least numel * element size (0
+// for an empty view); false when that is over kMaxSpanBytes or overflows.
+bool span_bytes(const TensorView& t, int64_t* bytes);
+
+// Whether the byte ranges [data, data + span) of two tensors intersect (an empty tensor overlaps
+// nothing; strided views count the whole range they span). A predicate, not a Status: each op
+// words its own aliasing rule.
 bool overlaps(const TensorView& a, const TensorView& b);
 
 }  // namespace moekit::check

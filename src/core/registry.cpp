@@ -157,8 +157,17 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
     *out = k;
     return Status::Ok();
   }
-  // 2. MOEKIT_FORCE_KERNEL
+  // 2. MOEKIT_FORCE_KERNEL: a name that is no kernel of this build is an error, not a silent
+  // fallback to the usual choice (names of other ops' kernels are fine: one list serves all ops).
   if (!cfg.force_kernel.empty()) {
+    std::stringstream names(cfg.force_kernel);
+    std::string name;
+    while (std::getline(names, name, ',')) {
+      if (!name.empty() && find(name) == nullptr) {
+        return InvalidArgument("MOEKIT_FORCE_KERNEL=", cfg.force_kernel, ": no kernel named '", name,
+                               "' in this build (see `moekit ops`)");
+      }
+    }
     for (const Kernel* k : cands) {
       if (!list_contains(cfg.force_kernel, k->name)) continue;
       Status s = accepts(*this, *k, params);

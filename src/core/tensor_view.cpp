@@ -1,6 +1,7 @@
 // TensorView helpers (moekit/core/tensor_view.h).
 #include "moekit/core/tensor_view.h"
 
+#include <cstdint>
 #include <sstream>
 
 namespace moekit {
@@ -50,8 +51,17 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
 int64_t TensorView::numel() const {
   if (ndim <= 0) return 0;
   int64_t n = 1;
-  for (int i = 0; i < ndim && i < kMaxDims; ++i) n *= shape[i];
-  return n;
+  bool overflow = false;
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) {
+    if (shape[i] == 0) return 0;
+    overflow = overflow || __builtin_mul_overflow(n, shape[i], &n);
+  }
+  return overflow ? INT64_MAX : n;
+}
+
+int64_t TensorView::nbytes() const {
+  int64_t b = 0;
+  return __builtin_mul_overflow(numel(), int64_t(dtype_size(dtype)), &b) ? INT64_MAX : b;
 }
 
 bool TensorView::is_contiguous() const {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "moekit/ep.h"
@@ -25,8 +26,8 @@ void fp8_roundtrip_row(const void* src, void* dst, DType dt, int64_t H) {
 
 }  // namespace
 
-Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options& opts) {
-  MOEKIT_RETURN_IF_ERROR(validate(ranks, Eg, /*on_device=*/false));
+namespace {
+Status simulate_host_impl(const std::vector<RankInputs>& ranks, int Eg, const Options& opts) {
   const int world = int(ranks.size());
   const int64_t H = ranks[0].x.shape[1], k = ranks[0].topk_ids.shape[1];
   const DType dt = ranks[0].x.dtype;
@@ -99,6 +100,16 @@ Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options
     }
   }
   return Status::Ok();
+}
+}  // namespace
+
+Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options& opts) {
+  MOEKIT_RETURN_IF_ERROR(validate(ranks, Eg, /*on_device=*/false));
+  try {  // the simulation's buffers are host vectors: a failed allocation is a Status, not a throw
+    return simulate_host_impl(ranks, Eg, opts);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("ep::simulate_host: a host allocation failed (", ranks.size(), " ranks, Eg = ", Eg, ")");
+  }
 }
 
 }  // namespace moekit::ep

@@ -1,6 +1,8 @@
 // The process-wide kernel table (every compiled backend) and dispatch(), which every op front
 // door calls after validation (moekit/registry.h).
+#include <exception>
 #include <memory>
+#include <new>
 
 #include "cpu/cpu_backend.h"
 #include "moekit/core/config.h"
@@ -55,12 +57,23 @@ Status dispatch(OpKind op, MoeVariant variant, const void* params, const RunOpti
                              " bytes of device workspace and none was given (query it with the op's "
                              "workspace_size function)");
     } else {
-      owned.reset(new unsigned char[need]);
+      owned.reset(new (std::nothrow) unsigned char[need]);
+      if (!owned) return OutOfMemory("workspace: kernel ", k->name, " needs ", need, " bytes of host memory");
       ctx.workspace = owned.get();
       ctx.workspace_bytes = need;
     }
   }
-  return k->run(params, ctx);
+  // The API never throws: an allocation inside a kernel (or an exception from a thread pool task)
+  // becomes a Status here, the one place every op's call passes.
+  try {
+    return k->run(params, ctx);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("kernel ", k->name, ": a host allocation failed [", shape_key, "]");
+  } catch (const std::exception& e) {
+    return Internal("kernel ", k->name, " threw: ", e.what());
+  } catch (...) {
+    return Internal("kernel ", k->name, " threw a non-standard exception");
+  }
 }
 
 

@@ -18,12 +18,13 @@ const char* device_name(Device d);
 
 // Physical layout of a weight tensor's last two dimensions. Carried with the tensor so that a
 // pre-shuffled weight can never be mistaken for a plain one (SPEC 4).
-enum class Layout : uint8_t {
+enum class Layout : uint8_t {  // kNumLayouts below counts them
   row_major,       // plain [.., N, K]
   shuffled_16x16,  // AITER shuffle_weight layout (16, 16) of SPEC 4
   cpu_vnni2_n32,   // CPU VNNI-2 panels: [N/32][K/2][32][2] per matrix (pack_weight, moekit/ops/layout.h);
                    //   16-bit elements, N % 32 == 0, K % 2 == 0
 };
+constexpr int kNumLayouts = 3;
 const char* layout_name(Layout l);
 
 constexpr int kMaxDims = 4;
@@ -47,8 +48,10 @@ struct TensorView {
 
   bool present() const { return ndim > 0; }
   int64_t size(int i) const { return shape[i < 0 ? ndim + i : i]; }
+  // Element and byte counts; both saturate at INT64_MAX where the product of user sizes overflows
+  // (validation rejects such views before any kernel sees them).
   int64_t numel() const;
-  int64_t nbytes() const { return numel() * dtype_size(dtype); }
+  int64_t nbytes() const;
   // True when strides are exactly the row-major strides of shape (size-1 dims are ignored).
   bool is_contiguous() const;
   // True when the last dim has stride 1 and each other dim is contiguous except possibly dim 0's

@@ -106,6 +106,23 @@ Status check_vnni2_dims(const TensorView& w, const char* name) {
   return Status::Ok();
 }
 
+// out may be x itself (the same view: each kernel reads a token's row before it writes it) but
+// must not partly overlap x, nor overlap any other input.
+Status check_out_aliasing(const FusedMoeParams& p) {
+  const bool same_as_x = p.out.data == p.x.data && p.out.stride[0] == p.x.stride[0];
+  if (!same_as_x && check::overlaps(p.out, p.x)) {
+    return InvalidArgument("out: overlaps x without being x (out may alias x only exactly: same data and strides)");
+  }
+  const std::pair<const TensorView*, const char*> inputs[] = {
+      {&p.w1, "w1"},           {&p.w2, "w2"},           {&p.topk_ids, "topk_ids"}, {&p.topk_weights, "topk_weights"},
+      {&p.w1_scale, "w1_scale"}, {&p.w2_scale, "w2_scale"}, {&p.a1_scale, "a1_scale"}, {&p.expert_mask, "expert_mask"},
+      {&p.expert_map, "expert_map"}};
+  for (const auto& [t, name] : inputs) {
+    if (t->present() && check::overlaps(p.out, *t)) return InvalidArgument("out: must not overlap ", name);
+  }
+  return Status::Ok();
+}
+
 // Shapes, dtypes, layouts, scales and devices (no data reads).
 Status validate_meta(const FusedMoeParams& p) {
   // x, out
@@ -181,6 +198,18 @@ Status validate_meta(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(check::shape_is(p.out, "out", {T, H}));
   MOEKIT_RETURN_IF_ERROR(check::row_strided(p.out, "out"));
 
+  if (int(p.activation) > int(Activation::gelu_tanh)) {
+    return InvalidArgument("activation: ", int(p.activation), " is not an Activation (silu, gelu, gelu_tanh)");
+  }
+  // The kernels' intermediates hold T*k rows of up to 2I + H values (f32 or wider): their size
+  // must fit where each tensor's own size already does.
+  int64_t work = 0;
+  if (__builtin_mul_overflow(T, k, &work) || __builtin_mul_overflow(work, N1 + I + H, &work) ||
+      __builtin_mul_overflow(work, int64_t(8), &work) || work > check::kMaxSpanBytes) {
+    return InvalidArgument("x / topk_ids / w1: the intermediates of T*k = ", T, "*", k, " slots of 2I + H = ",
+                           N1 + H, " values exceed 2^62 bytes");
+  }
+
   // quantization
   const bool fp8 = is_fp8(p.w1.dtype);
   if (p.scale_block_n < 0 || p.scale_block_k < 0 || (p.scale_block_n == 0) != (p.scale_block_k == 0)) {
@@ -218,7 +247,7 @@ Status validate_meta(const FusedMoeParams& p) {
       {&p.w2_scale, "w2_scale"}, {&p.a1_scale, "a1_scale"}, {&p.expert_mask, "expert_mask"},
       {&p.expert_map, "expert_map"}};
   for (const auto& [t, name] : others) MOEKIT_RETURN_IF_ERROR(check::same_device(p.x, "x", *t, name));
-  return Status::Ok();
+  return check_out_aliasing(p);
 }
 
 // Value scans of the (host) index tensors: mask 0/1 with sum E, map in [-1, E), ids in [-1, Eg),

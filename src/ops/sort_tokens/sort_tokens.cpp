@@ -5,6 +5,7 @@
 // encoding's integer limits, and, for host-resident tensors, the data (mask values and sum, map
 // range and injectivity, every topk id in [-1, Eg)). Device data is checked by the device kernel.
 #include <limits>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,7 +67,12 @@ Status check_expert_table_data(const SortTokensParams& p) {
   }
   if (p.expert_map.present()) {
     const int32_t* m = p.expert_map.ptr<int32_t>();
-    std::vector<int64_t> owner(static_cast<size_t>(E), -1);  // global expert holding each local slot
+    std::vector<int64_t> owner;  // global expert holding each local slot
+    try {
+      owner.assign(static_cast<size_t>(E), -1);
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory("expert_map: checking num_experts=", E, " local slots needs ", E * 8, " bytes of host memory");
+    }
     for (int64_t e = 0; e < p.expert_map.shape[0]; ++e) {
       if (m[e] < -1 || m[e] >= E) {
         return InvalidArgument("expert_map: values must be in [-1, num_experts=", E, "), got ", m[e],
