@@ -146,4 +146,21 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return a0 < b0 + nb && b0 < a0 + na;
 }
 
+Status outputs_disjoint(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (!o->first->present()) continue;
+    for (auto other = o + 1; other != outputs.end(); ++other) {
+      if (other->first->present() && overlaps(*o->first, *other->first)) {
+        return InvalidArgument(o->second, ": must not overlap ", other->second);
+      }
+    }
+    for (const Named& in : inputs) {
+      if (in.first->present() && overlaps(*o->first, *in.first)) {
+        return InvalidArgument(o->second, ": must not overlap ", in.second);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace moekit::check

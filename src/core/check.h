@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/core/status.h"
@@ -49,5 +50,11 @@ bool span_bytes(const TensorView& t, int64_t* bytes);
 // nothing; strided views count the whole range they span). A predicate, not a Status: each op
 // words its own aliasing rule.
 bool overlaps(const TensorView& a, const TensorView& b);
+
+// A tensor and its argument name, for the list checks below.
+using Named = std::pair<const TensorView*, const char*>;
+// No present output overlaps another output or any present input: "topk_ids: must not overlap
+// gating". For ops whose kernels write outputs while they still read inputs (no in-place form).
+Status outputs_disjoint(std::initializer_list<Named> outputs, std::initializer_list<Named> inputs);
 
 }  // namespace moekit::check

@@ -110,6 +110,9 @@ const Kernel* pick_kernel(OpKind op, MoeVariant v, Backend b, const void* params
     if (k->backend != b || !k->supports(params).ok()) continue;
     if (best == nullptr || k->priority > best->priority) best = k;
   }
+  // A CPU without AVX-512 has no cpu routing kernels: the reference runs on the same host data
+  // (routing is a small part of a layer; fused_moe has portable cpu kernels).
+  if (best == nullptr && b == Backend::cpu) return pick_kernel(op, v, Backend::ref, params);
   return best;
 }
 

@@ -30,7 +30,7 @@ Status routing_outputs(const TensorView& gating, const TensorView& topk_weights,
   MOEKIT_RETURN_IF_ERROR(contiguous(topk_ids, "topk_ids"));
   MOEKIT_RETURN_IF_ERROR(same_device(gating, "gating", topk_weights, "topk_weights"));
   MOEKIT_RETURN_IF_ERROR(same_device(gating, "gating", topk_ids, "topk_ids"));
-  return Status::Ok();
+  return outputs_disjoint({{&topk_weights, "topk_weights"}, {&topk_ids, "topk_ids"}}, {{&gating, "gating"}});
 }
 
 }  // namespace moekit::check

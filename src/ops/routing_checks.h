@@ -13,7 +13,8 @@ namespace moekit::check {
 Status routing_gating(const TensorView& gating);
 
 // topk_weights: present, f32, [T, k], contiguous; topk_ids: present, i32, [T, k], contiguous; both
-// on gating's device. T = gating.shape[0]: call after routing_gating(gating) succeeded.
+// on gating's device; neither overlaps the other or gating. T = gating.shape[0]: call after
+// routing_gating(gating) succeeded.
 Status routing_outputs(const TensorView& gating, const TensorView& topk_weights, const TensorView& topk_ids,
                        int k);
 

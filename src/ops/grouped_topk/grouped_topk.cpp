@@ -46,7 +46,8 @@ Status validate_grouped_topk(const GroupedTopkParams& p) {
     MOEKIT_RETURN_IF_ERROR(check::same_device(p.gating, "gating", p.correction_bias, "correction_bias"));
   }
   MOEKIT_RETURN_IF_ERROR(check::routing_outputs(p.gating, p.topk_weights, p.topk_ids, p.k));
-  return Status::Ok();
+  return check::outputs_disjoint({{&p.topk_weights, "topk_weights"}, {&p.topk_ids, "topk_ids"}},
+                                 {{&p.correction_bias, "correction_bias"}});
 }
 
 Status grouped_topk(const GroupedTopkParams& p, const RunOptions& opts) {

@@ -167,6 +167,11 @@ Status validate_sort_tokens(const SortTokensParams& p) {
   if (p.error_count.present()) {
     MOEKIT_RETURN_IF_ERROR(check_output(p, p.error_count, "error_count", DType::i32, 1));
   }
+  MOEKIT_RETURN_IF_ERROR(check::outputs_disjoint(
+      {{&p.sorted_token_ids, "sorted_token_ids"}, {&p.sorted_weights, "sorted_weights"},
+       {&p.sorted_expert_ids, "sorted_expert_ids"}, {&p.num_valid, "num_valid"}, {&p.error_count, "error_count"}},
+      {{&p.topk_ids, "topk_ids"}, {&p.topk_weights, "topk_weights"}, {&p.expert_mask, "expert_mask"},
+       {&p.expert_map, "expert_map"}}));
 
   // Data checks, only where the data is readable here.
   if (p.topk_ids.device == Device::cpu) {
