@@ -23,6 +23,8 @@ namespace moekit::torch_binding {
 // A view of `t` (moekit strides are in elements, like torch's). A 0-dim tensor becomes shape [1]
 // (moekit reads ndim == 0 as "absent"). Throws ValueError naming `name` for a dtype moekit does not
 // know, more than 4 dims, or a device other than CPU / CUDA.
+// NOTE: meta tensors never get here: the Meta key outranks CPU / CUDA, so a call with any meta
+// tensor runs the fake of python/moekit/_ops.py, which rejects a mix of meta and real tensors.
 TensorView view_of(const at::Tensor& t, const char* name, Layout layout = Layout::row_major);
 // Absent view for nullopt (an optional argument not given).
 TensorView view_of(const std::optional<at::Tensor>& t, const char* name);
