@@ -30,7 +30,9 @@ TensorView view_of(const at::Tensor& t, const char* name, Layout layout = Layout
 TensorView view_of(const std::optional<at::Tensor>& t, const char* name);
 
 // Turns a failed Status into a Python exception whose message is "moekit.<op>: <message>":
-// invalid_argument -> ValueError, unsupported -> NotImplementedError, others -> RuntimeError.
+// invalid_argument -> ValueError, unsupported -> NotImplementedError, out_of_memory ->
+// torch.OutOfMemoryError ("moekit.<op>: out of memory: <message>"; a RuntimeError subclass),
+// others -> RuntimeError ("moekit.<op>: <code name>: <message>").
 void throw_if_error(const Status& s, const char* op);
 
 // RunOptions for a call whose tensors live on `device`: the explicit kernel name (kept alive by

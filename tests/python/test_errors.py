@@ -67,3 +67,24 @@ def test_all_meta_calls_still_infer_shapes():
     assert y.device.type == "meta" and y.shape == (4, 64)
     wts, tids = moekit.fused_topk(x, randn((4, 8), 1).to("meta"), 2, True)
     assert wts.device.type == "meta" and tids.shape == (4, 2)
+
+
+# ---------------------------------------------------------------- StatusCode -> Python exception
+# Values of moekit::StatusCode (include/moekit/core/status.h).
+@pytest.mark.parametrize("code, exc, message", [
+    (1, ValueError, r"^moekit.raise_status: need 12 GiB$"),
+    (2, NotImplementedError, r"^moekit.raise_status: need 12 GiB$"),
+    (3, RuntimeError, r"^moekit.raise_status: backend_error: need 12 GiB$"),
+    (4, RuntimeError, r"^moekit.raise_status: internal: need 12 GiB$"),
+    (5, OOM_ERROR, r"^moekit.raise_status: out of memory: need 12 GiB$"),
+])
+def test_status_codes_become_python_exceptions(code, exc, message):
+    with pytest.raises(exc, match=message) as info:
+        torch.ops.moekit_testing.raise_status(code, "need 12 GiB")
+    if code == 5:
+        assert isinstance(info.value, RuntimeError)  # torch.OutOfMemoryError is one: old handlers still catch it
+
+
+def test_raise_status_refuses_ok():
+    with pytest.raises(ValueError, match="code must be a failing StatusCode value, got 0"):
+        torch.ops.moekit_testing.raise_status(0, "")
