@@ -15,6 +15,7 @@ test_errors.py; docs: docs/python.md.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional, Sequence, Tuple
 
@@ -131,6 +132,17 @@ def _float_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.to(torch.float32)
 
 
+def _check_topk(topk: int, gating_output: torch.Tensor) -> int:
+    # Checked before the outputs [T, topk] are allocated (a negative or huge topk would fail there).
+    E = gating_output.shape[1]
+    try:
+        k = operator.index(topk)
+    except TypeError:
+        raise ValueError(f"moekit: topk: must be an integer, got {topk!r}") from None
+    _require(1 <= k <= E, f"topk: must be in [1, E={E}], got {k}")
+    return k
+
+
 def _check_tokens(hidden_states: Optional[torch.Tensor], gating_output: torch.Tensor) -> None:
     _require(gating_output.dim() == 2, f"gating_output: must be 2-D [T, E], got shape {list(gating_output.shape)}")
     if hidden_states is not None:
@@ -153,7 +165,7 @@ def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: i
     if not USE_FUSED_MOE:
         return _reference().ref_fused_topk(hidden_states, gating_output, topk, renormalize)
     _check_tokens(hidden_states, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
     token_expert_indices = torch.empty_like(ids)
     torch.ops.moekit.topk_softmax(weights, ids, token_expert_indices, gating_output, renormalize)
     return weights, ids
@@ -173,8 +185,12 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
                                              topk_group, scoring_func, e_score_correction_bias,
                                              routed_scaling_factor)
     _check_tokens(hidden_states, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
-    bias = None if e_score_correction_bias is None else e_score_correction_bias.to(torch.float32)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
+    bias = e_score_correction_bias
+    if bias is not None:
+        # Integer biases convert exactly (as in the reference); a complex one would lose its imaginary part.
+        _require(not bias.dtype.is_complex, f"e_score_correction_bias: dtype must be real, got {bias.dtype}")
+        bias = bias.to(torch.float32)
     torch.ops.moekit.grouped_topk(weights, ids, gating_output, bias, num_expert_group, topk_group, scoring_func,
                                   renormalize, float(routed_scaling_factor))
     return weights, ids
@@ -185,7 +201,7 @@ def sigmoid_topk(gating_output: torch.Tensor, topk: int = 1) -> Tuple[torch.Tens
     if not USE_FUSED_MOE:
         return _reference().ref_sigmoid_topk(gating_output, topk)
     _check_tokens(None, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
     torch.ops.moekit.sigmoid_topk(weights, ids, gating_output)
     return weights, ids
 
@@ -353,6 +369,8 @@ def sort_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts:
     _require(topk_ids.dim() == 2, f"topk_ids: must be 2-D [T, k], got shape {list(topk_ids.shape)}")
     T, k = topk_ids.shape
     dev = topk_ids.device
+    _require(num_experts >= 1, f"num_experts: must be >= 1, got {num_experts}")
+    _require(block_m >= 1, f"block_m: must be >= 1, got {block_m}")
     Eg = num_experts  # the ids' range: len of the mask / map when given (the op checks the rest)
     for name, table in (("expert_mask", expert_mask), ("expert_map", expert_map)):
         if table is not None:
@@ -364,8 +382,12 @@ def sort_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts:
         expert_map = _index_tensor(expert_map, "expert_map", -1, num_experts, "local expert (or -1)")
     topk_ids = _index_tensor(topk_ids, "topk_ids", -1, Eg, "expert id")
     topk_weights = _float_tensor(topk_weights, "topk_weights")
-    padded = sort_tokens_max_padded(T, k, num_experts, block_m) if block_m >= 1 else 0
-    blocks = _ceil_div(padded, block_m) if block_m >= 1 else 0
+    padded = sort_tokens_max_padded(T, k, num_experts, block_m)
+    # Checked before allocating (the op checks it too): a huge num_experts or block_m would
+    # otherwise fail in the allocator with a message that names neither.
+    _require(padded <= _INT32.max, f"num_experts, block_m: max_padded = T*k + E*block_m - k must be <= 2^31 - 1, "
+                                   f"got {padded} (T={T} k={k} E={num_experts} block_m={block_m})")
+    blocks = _ceil_div(padded, block_m)
     sorted_ids = torch.empty(padded, dtype=torch.int32, device=dev)
     sorted_weights = torch.empty(padded, dtype=torch.float32, device=dev)
     sorted_experts = torch.empty(blocks, dtype=torch.int32, device=dev)

@@ -130,6 +130,36 @@ def test_sort_tokens_converts_int64_and_checks_values():
         moekit.sort_tokens(ids, w, 4, 4, expert_mask=mask)
 
 
+def test_sort_tokens_huge_sizes_rejected_before_allocating():
+    _, _, _, w, ids = moe_problem(4, 64, 32, 4, 2, seed=5)
+    for E, block_m in ((2**40, 4), (4, 2**40), (2**31, 2)):
+        with pytest.raises(ValueError, match=r"max_padded = T\*k \+ E\*block_m - k must be <= 2\^31 - 1"):
+            moekit.sort_tokens(ids, w, E, block_m)
+    with pytest.raises(ValueError, match=r"num_experts: must be >= 1, got -1"):
+        moekit.sort_tokens(ids, w, -1, 4)
+
+
+# --------------------------------------------------------------------------------------- routing
+@pytest.mark.parametrize("topk", [-1, 0, 9, 2**40, 2**62])
+def test_routing_topk_checked_before_allocating(topk):
+    """A negative or huge topk used to fail in torch.empty (negative dimension, out of memory)."""
+    x, g = randn((4, 16), 0), randn((4, 8), 1)
+    with pytest.raises(ValueError, match=rf"topk: must be in \[1, E=8\], got {topk}$"):
+        moekit.fused_topk(x, g, topk, True)
+    with pytest.raises(ValueError, match=rf"topk: must be in \[1, E=8\], got {topk}$"):
+        moekit.sigmoid_topk(g, topk)
+    with pytest.raises(ValueError, match=rf"topk: must be in \[1, E=8\], got {topk}$"):
+        moekit.grouped_topk(x, g, topk, True, 2, 1)
+    with pytest.raises(ValueError, match=r"topk: must be an integer, got 2.5"):
+        moekit.fused_topk(x, g, 2.5, True)
+
+
+def test_grouped_topk_complex_bias_rejected():
+    x, g = randn((4, 16), 0), randn((4, 8), 1)
+    with pytest.raises(ValueError, match=r"e_score_correction_bias: dtype must be real, got torch.complex64"):
+        moekit.grouped_topk(x, g, 2, True, 2, 1, "sigmoid", torch.zeros(8, dtype=torch.complex64))
+
+
 # ------------------------------------------------------------------------------- meta device
 def test_meta_weight_with_cpu_input_raises():
     """The Meta key outranks CPU, so such a call used to run the no-op fake and return `out`
