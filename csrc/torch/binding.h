@@ -23,12 +23,16 @@ namespace moekit::torch_binding {
 // A view of `t` (moekit strides are in elements, like torch's). A 0-dim tensor becomes shape [1]
 // (moekit reads ndim == 0 as "absent"). Throws ValueError naming `name` for a dtype moekit does not
 // know, more than 4 dims, or a device other than CPU / CUDA.
+// NOTE: meta tensors never get here: the Meta key outranks CPU / CUDA, so a call with any meta
+// tensor runs the fake of python/moekit/_ops.py, which rejects a mix of meta and real tensors.
 TensorView view_of(const at::Tensor& t, const char* name, Layout layout = Layout::row_major);
 // Absent view for nullopt (an optional argument not given).
 TensorView view_of(const std::optional<at::Tensor>& t, const char* name);
 
 // Turns a failed Status into a Python exception whose message is "moekit.<op>: <message>":
-// invalid_argument -> ValueError, unsupported -> NotImplementedError, others -> RuntimeError.
+// invalid_argument -> ValueError, unsupported -> NotImplementedError, out_of_memory ->
+// torch.OutOfMemoryError ("moekit.<op>: out of memory: <message>"; a RuntimeError subclass),
+// others -> RuntimeError ("moekit.<op>: <code name>: <message>").
 void throw_if_error(const Status& s, const char* op);
 
 // RunOptions for a call whose tensors live on `device`: the explicit kernel name (kept alive by

@@ -100,6 +100,10 @@ void throw_if_error(const Status& s, const char* op) {
   switch (s.code()) {
     case StatusCode::invalid_argument: TORCH_CHECK_VALUE(false, "moekit.", op, ": ", s.message());
     case StatusCode::unsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, "moekit.", op, ": ", s.message());
+    // c10::OutOfMemoryError (every torch >= 2.4 that pyproject.toml allows) becomes Python's
+    // torch.OutOfMemoryError, a RuntimeError that callers catch to retry smaller.
+    case StatusCode::out_of_memory:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "moekit.", op, ": out of memory: ", s.message());
     default: TORCH_CHECK(false, "moekit.", op, ": ", status_code_name(s.code()), ": ", s.message());
   }
 }
@@ -412,3 +416,15 @@ void register_impls(torch::Library& m) {
 }  // namespace moekit::torch_binding
 
 TORCH_LIBRARY_IMPL(moekit, CPU, m) { moekit::torch_binding::register_impls(m); }
+
+// torch.ops.moekit_testing.raise_status(code, message): raises what throw_if_error makes of a
+// Status with that StatusCode value, so tests/python can check the mapping of every code (the
+// library has no input that fails with out_of_memory or internal on demand). Not part of the API.
+TORCH_LIBRARY(moekit_testing, m) {
+  m.def("raise_status(int code, str message) -> ()", [](int64_t code, const std::string& message) {
+    TORCH_CHECK_VALUE(code > 0 && code <= static_cast<int64_t>(moekit::StatusCode::out_of_memory),
+                      "moekit_testing.raise_status: code must be a failing StatusCode value, got ", code);
+    moekit::torch_binding::throw_if_error(moekit::Status(static_cast<moekit::StatusCode>(code), message),
+                                          "raise_status");
+  });
+}

@@ -4,7 +4,9 @@ The schemas and the CPU / CUDA implementations live in C++ (csrc/torch/schemas.c
 ops_cuda.cpp); loading ``_moekit_ops.so`` registers them. Every op writes caller-allocated outputs
 (``Tensor(a!)`` in its schema) and returns nothing, so a fake implementation has nothing to compute:
 it exists so that FakeTensor tracing, ``torch.compile(fullgraph=True)`` and
-``torch.library.opcheck`` can run through the ops. Tests: tests/python/test_ops.py.
+``torch.library.opcheck`` can run through the ops. It also runs for real calls that mix meta and
+CPU / CUDA tensors (the Meta key wins the dispatch), so it checks that all tensors share a device.
+Tests: tests/python/test_ops.py.
 """
 
 from __future__ import annotations
@@ -54,13 +56,39 @@ def _load() -> bool:
     return True
 
 
-def _register_fakes() -> None:
-    # Each op mutates its outputs in place and returns (), so the fake is the same no-op for all.
+def _check_devices(op: str, arg_names, outputs, args, kwargs) -> None:
+    """ValueError unless every tensor argument is on one device. Needed here because the Meta key
+    outranks CPU / CUDA: a call that mixes meta with real tensors dispatches to the fake, not to
+    the C++ checks, and would otherwise return its outputs unwritten. The reference device is
+    the first input's that is not meta (else the first such output's); all-meta calls pass."""
+    named = [(n, v) for n, v in list(zip(arg_names, args)) + list(kwargs.items()) if isinstance(v, torch.Tensor)]
+    real = [(n, v) for n, v in named if v.device.type != "meta"]
+    if not real:
+        return
+    ref_name, ref = next(((n, v) for n, v in real if n not in outputs), real[0])
+    # Inputs first: with a meta x and real weights, "hidden_states is on device meta" says more
+    # than naming the output allocated like it.
+    for name, t in sorted(named, key=lambda nv: nv[0] in outputs):
+        if t.device != ref.device:
+            raise ValueError(f"moekit.{op}: {name} is on device {t.device}, expected {ref.device} like {ref_name}")
+
+
+def _make_fake(name: str):
+    schema = getattr(torch.ops.moekit, name).default._schema
+    arg_names = [a.name for a in schema.arguments]
+    outputs = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+    # Each op mutates its outputs in place and returns (): the fake only checks devices.
     def _fake(*args, **kwargs) -> None:
+        _check_devices(name, arg_names, outputs, args, kwargs)
         return None
 
+    return _fake
+
+
+def _register_fakes() -> None:
     for name in OP_NAMES:
-        torch.library.register_fake(f"moekit::{name}")(_fake)
+        torch.library.register_fake(f"moekit::{name}")(_make_fake(name))
 
 
 loaded = _load()

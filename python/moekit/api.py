@@ -7,12 +7,15 @@ library's own switches (MOEKIT_BACKEND, MOEKIT_FORCE_KERNEL, MOEKIT_PRINT_DISPAT
 MOEKIT_DETERMINISTIC, MOEKIT_NUM_THREADS; docs/env.md) apply to the op path as they do in C++.
 
 Contracts: SPEC.md and include/moekit/ops/*.h; argument errors raise ValueError with the C++
-message ("moekit.fused_moe: topk_ids: shape must be [4, 2], got [4, 3]"), unsupported problems
-NotImplementedError. Tests: tests/python/test_ops.py; docs: docs/python.md.
+message ("moekit.fused_moe: topk_ids: shape must be [4, 2], got [4, 3]") or this module's
+("moekit: topk_ids: dtype must be ..."), unsupported problems NotImplementedError, a failed
+allocation torch.OutOfMemoryError (docs/python.md, "Errors"). Tests: tests/python/test_ops.py,
+test_errors.py; docs: docs/python.md.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional, Sequence, Tuple
 
@@ -71,6 +74,75 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(f"moekit: {message}")
 
 
+# Integer dtypes accepted for ids / maps: converted to int32 exactly, or range-checked first.
+_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+_INT32 = torch.iinfo(torch.int32)
+
+
+def _values_readable(t: torch.Tensor) -> bool:
+    """True where reading t's values is allowed: not under torch.compile / export tracing (values
+    unknown, a read would break the graph), not during CUDA-graph capture (a host sync is illegal
+    there), not a meta or fake tensor (no data)."""
+    if torch.compiler.is_compiling() or t.device.type == "meta" or _is_fake(t):
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # a torch without FakeTensor: nothing is fake
+        return False
+    return is_fake(t)
+
+
+def _index_tensor(t: torch.Tensor, name: str, lo: int, hi: int, what: str) -> torch.Tensor:
+    """t as int32 for the ops. ValueError for a non-integer dtype and, for a dtype wider than int32
+    (int64), for values outside [lo, hi), found BEFORE converting (a cast would wrap 2**32 + 1 to 1).
+
+    int32 and narrower dtypes are not read here: the op checks their values (CPU) or its kernels
+    skip bad ones (CUDA), so int32 CUDA tensors stay sync-free. int64 on CUDA costs one host sync
+    (min / max). Where values cannot be read (torch.compile / export tracing, CUDA-graph capture,
+    meta and fake tensors) the out-of-range ones become INT32_MIN instead, which the op rejects
+    (CPU) or skips (CUDA) like any bad id, rather than wrapping into a valid one.
+    """
+    _require(t.dtype in _INDEX_DTYPES, f"{name}: dtype must be int32 or int64 (or int16, int8, uint8), "
+                                       f"got {t.dtype}")
+    if t.dtype == torch.int32:
+        return t
+    info = torch.iinfo(t.dtype)
+    if info.min >= _INT32.min and info.max <= _INT32.max:
+        return t.to(torch.int32)  # exact; the op checks the values
+    if not _values_readable(t):
+        return t.masked_fill((t < lo) | (t >= hi), _INT32.min).to(torch.int32)
+    if t.numel() > 0:
+        low, high = torch.stack(torch.aminmax(t)).tolist()
+        if low < lo or high >= hi:
+            idx = ((t < lo) | (t >= hi)).nonzero()[0].tolist()
+            raise ValueError(f"moekit: {name}[{', '.join(map(str, idx))}]: {what} must be in [{lo}, {hi}), "
+                             f"got {t[tuple(idx)].item()}")
+    return t.to(torch.int32)
+
+
+def _float_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
+    """t as float32; ValueError for a non-floating dtype (ints, bool: e.g. ids passed as weights;
+    complex: the cast would drop the imaginary part)."""
+    _require(t.dtype.is_floating_point, f"{name}: dtype must be a floating point type (float32 preferred), "
+                                        f"got {t.dtype}")
+    return t.to(torch.float32)
+
+
+def _check_topk(topk: int, gating_output: torch.Tensor) -> int:
+    # Checked before the outputs [T, topk] are allocated (a negative or huge topk would fail there).
+    E = gating_output.shape[1]
+    try:
+        k = operator.index(topk)
+    except TypeError:
+        raise ValueError(f"moekit: topk: must be an integer, got {topk!r}") from None
+    _require(1 <= k <= E, f"topk: must be in [1, E={E}], got {k}")
+    return k
+
+
 def _check_tokens(hidden_states: Optional[torch.Tensor], gating_output: torch.Tensor) -> None:
     _require(gating_output.dim() == 2, f"gating_output: must be 2-D [T, E], got shape {list(gating_output.shape)}")
     if hidden_states is not None:
@@ -93,7 +165,7 @@ def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: i
     if not USE_FUSED_MOE:
         return _reference().ref_fused_topk(hidden_states, gating_output, topk, renormalize)
     _check_tokens(hidden_states, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
     token_expert_indices = torch.empty_like(ids)
     torch.ops.moekit.topk_softmax(weights, ids, token_expert_indices, gating_output, renormalize)
     return weights, ids
@@ -113,8 +185,12 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
                                              topk_group, scoring_func, e_score_correction_bias,
                                              routed_scaling_factor)
     _check_tokens(hidden_states, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
-    bias = None if e_score_correction_bias is None else e_score_correction_bias.to(torch.float32)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
+    bias = e_score_correction_bias
+    if bias is not None:
+        # Integer biases convert exactly (as in the reference); a complex one would lose its imaginary part.
+        _require(not bias.dtype.is_complex, f"e_score_correction_bias: dtype must be real, got {bias.dtype}")
+        bias = bias.to(torch.float32)
     torch.ops.moekit.grouped_topk(weights, ids, gating_output, bias, num_expert_group, topk_group, scoring_func,
                                   renormalize, float(routed_scaling_factor))
     return weights, ids
@@ -125,7 +201,7 @@ def sigmoid_topk(gating_output: torch.Tensor, topk: int = 1) -> Tuple[torch.Tens
     if not USE_FUSED_MOE:
         return _reference().ref_sigmoid_topk(gating_output, topk)
     _check_tokens(None, gating_output)
-    weights, ids = _routing_outputs(gating_output, topk)
+    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
     torch.ops.moekit.sigmoid_topk(weights, ids, gating_output)
     return weights, ids
 
@@ -149,8 +225,10 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
       otherwise: weights of hidden_states' dtype                                       (SPEC 3.1)
     apply_router_weight_on_input (k == 1, Llama-4): the weight scales the expert input, no final
     weight (SPEC 3.4). expert_map [Eg] int32: local index of each global expert or -1 (SPEC 3.5);
-    global_num_experts: Eg (-1 = len(expert_map), or E without a map). topk_ids / topk_weights of
-    another integer / float dtype are converted to int32 / float32.
+    global_num_experts: Eg (-1 = len(expert_map), or E without a map). topk_ids / expert_map of
+    another integer dtype (int64 from torch.topk) are converted to int32, int64 values checked first
+    (one host sync on CUDA; see _index_tensor); topk_weights of another float dtype to float32.
+    Other dtypes (float / bool / complex ids, integer weights) raise ValueError.
     """
     if not USE_FUSED_MOE:
         return _reference().ref_fused_experts(
@@ -169,19 +247,26 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     _require(not per_channel_quant or (w1_scale is not None and w1_scale.dim() >= 2 and block_shape is None),
              "per_channel_quant: needs per-row w1_scale [E, N] or [E, N, 1] and no block_shape, got "
              f"w1_scale shape {None if w1_scale is None else list(w1_scale.shape)}")
+    _require(w1.dim() == 3, f"w1: must be 3-D [E, 2I (or I), H], got shape {list(w1.shape)}")
+    E = w1.shape[0]
     if expert_map is not None:
-        _require(global_num_experts in (-1, expert_map.shape[0]),
-                 f"global_num_experts: must be -1 or len(expert_map) = {expert_map.shape[0]}, got {global_num_experts}")
-        expert_map = expert_map.to(torch.int32)
+        _require(expert_map.dim() == 1, f"expert_map: must be 1-D [Eg], got shape {list(expert_map.shape)}")
+        Eg = expert_map.shape[0]
+        _require(global_num_experts in (-1, Eg),
+                 f"global_num_experts: must be -1 or len(expert_map) = {Eg}, got {global_num_experts}")
+        expert_map = _index_tensor(expert_map, "expert_map", -1, E, "local expert (or -1)")
     else:
-        _require(global_num_experts in (-1, w1.shape[0]),
-                 f"global_num_experts: without expert_map must be -1 or E = {w1.shape[0]}, got {global_num_experts}")
+        Eg = E
+        _require(global_num_experts in (-1, E),
+                 f"global_num_experts: without expert_map must be -1 or E = {E}, got {global_num_experts}")
+    # Both converted (and int64 ids range-checked) before `out` is allocated or written.
+    topk_ids = _index_tensor(topk_ids, "topk_ids", -1, Eg, "expert id")
+    topk_weights = _float_tensor(topk_weights, "topk_weights")
     if out is None:
         out = torch.empty_like(hidden_states)
     bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
-    torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int32),
-                               w1_scale, w2_scale, a1_scale, None, expert_map, activation,
-                               apply_router_weight_on_input, bn, bk)
+    torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
+                               None, expert_map, activation, apply_router_weight_on_input, bn, bk)
     return out
 
 
@@ -278,13 +363,31 @@ def sort_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts:
 
     Returns (sorted_token_ids int32 [max_padded], sorted_weights f32 [max_padded], sorted_expert_ids
     int32 [max_blocks], num_valid int32 [1]); encoding "packed" ((slot << 24) | token) or "flat"
-    (token * k + slot).
+    (token * k + slot). topk_ids / expert_mask / expert_map of another integer dtype and
+    topk_weights of another float dtype are converted as in fused_experts (int64 values checked).
     """
     _require(topk_ids.dim() == 2, f"topk_ids: must be 2-D [T, k], got shape {list(topk_ids.shape)}")
     T, k = topk_ids.shape
     dev = topk_ids.device
-    padded = sort_tokens_max_padded(T, k, num_experts, block_m) if block_m >= 1 else 0
-    blocks = _ceil_div(padded, block_m) if block_m >= 1 else 0
+    _require(num_experts >= 1, f"num_experts: must be >= 1, got {num_experts}")
+    _require(block_m >= 1, f"block_m: must be >= 1, got {block_m}")
+    Eg = num_experts  # the ids' range: len of the mask / map when given (the op checks the rest)
+    for name, table in (("expert_mask", expert_mask), ("expert_map", expert_map)):
+        if table is not None:
+            _require(table.dim() == 1, f"{name}: must be 1-D [Eg], got shape {list(table.shape)}")
+            Eg = table.shape[0]
+    if expert_mask is not None:
+        expert_mask = _index_tensor(expert_mask, "expert_mask", 0, 2, "mask value")
+    if expert_map is not None:
+        expert_map = _index_tensor(expert_map, "expert_map", -1, num_experts, "local expert (or -1)")
+    topk_ids = _index_tensor(topk_ids, "topk_ids", -1, Eg, "expert id")
+    topk_weights = _float_tensor(topk_weights, "topk_weights")
+    padded = sort_tokens_max_padded(T, k, num_experts, block_m)
+    # Checked before allocating (the op checks it too): a huge num_experts or block_m would
+    # otherwise fail in the allocator with a message that names neither.
+    _require(padded <= _INT32.max, f"num_experts, block_m: max_padded = T*k + E*block_m - k must be <= 2^31 - 1, "
+                                   f"got {padded} (T={T} k={k} E={num_experts} block_m={block_m})")
+    blocks = _ceil_div(padded, block_m)
     sorted_ids = torch.empty(padded, dtype=torch.int32, device=dev)
     sorted_weights = torch.empty(padded, dtype=torch.float32, device=dev)
     sorted_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
