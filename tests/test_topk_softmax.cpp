@@ -410,8 +410,9 @@ TEST(TopkSoftmax, CudaBenchProblemRuns) {
 }
 
 // ------------------------------------------------------------------ CPU kernel (topk_softmax_avx512)
-// Skipped when the CPU backend is unavailable (no AVX-512). Compared with topk_softmax_ref: ids and
-// token_expert_indices exactly, weights within kWeightAtol / kWeightRtol.
+// Skipped where the CPU lacks AVX-512 F/BW/VL (routing_test::cpu_unavailable()); there the kernel
+// is not registered. Compared with topk_softmax_ref: ids and token_expert_indices exactly, weights
+// within kWeightAtol / kWeightRtol.
 namespace cpu_cases {
 
 // One problem on the CPU kernel and on the ref.
