@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/routing.h"
 #include "testing/harness.h"
@@ -425,28 +426,29 @@ void for_each_nonfinite_case(std::initializer_list<int64_t> egs, uint64_t seed0,
 }
 
 // ------------------------------------------------------------------ CPU kernels (*_avx512)
-// Why the CPU backend cannot run here ("" when it can): the Cpu* tests GTEST_SKIP with it.
-inline std::string cpu_unavailable() {
-  const Status s = registry().backend_available(Backend::cpu);
-  return s.ok() ? "" : "CPU backend unavailable: " + s.to_string();
-}
+// Why the CPU kernels (AVX-512 F/BW/VL) cannot run here ("" when they can): the Cpu* tests
+// GTEST_SKIP with it. The backend probe accepts any x86-64, so this is cpu_test::avx512_unavailable().
+inline std::string cpu_unavailable() { return cpu_test::avx512_unavailable(); }
 
 // The CPU kernel `name` of `op`: registered on the cpu backend above the ref kernel `ref`, accepts
-// the host problem p, is what the default dispatch picks where the CPU backend runs, and refuses p
-// once its tensor `moved` lives on a CUDA device, naming that argument (`moved_name`).
+// the host problem p, is what the default dispatch picks, and refuses p once its tensor `moved`
+// lives on a CUDA device, naming that argument (`moved_name`). Where the CPU lacks AVX-512: `name`
+// is not registered and the default dispatch picks `ref`.
 template <class Params>
 void expect_cpu_kernel_registered(OpKind op, const char* name, const char* ref, Params p, TensorView Params::*moved,
                                   const char* moved_name) {
+  if (!cpu_unavailable().empty()) {
+    cpu_test::expect_not_registered_and_falls_back(op, name, ref, p);
+    return;
+  }
   const Kernel* k = registry().find(name);
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->backend, Backend::cpu);
   EXPECT_GT(k->priority, registry().find(ref)->priority);
   EXPECT_TRUE(k->supports(&p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, name);
-  }
+  const Kernel* chosen = nullptr;  // the default dispatch picks it on this CPU
+  ASSERT_TRUE(registry().select_with(Config{}, op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+  EXPECT_STREQ(chosen->name, name);
   expect_refuses_moved_tensor(k, p, moved, moved_name);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
@@ -277,22 +278,26 @@ TEST(ConvertFp8, CheckHookOnPresets) {
 }
 
 // ---------------------------------------------------------------- CPU kernel (convert_fp8_avx512)
-// Codes, scales and the saturation count compared bit-exactly with convert_fp8_ref.
+// Codes, scales and the saturation count compared bit-exactly with convert_fp8_ref; skipped where the
+// CPU lacks AVX-512 F/BW/VL (cpu_test::avx512_unavailable()), where the kernel is not registered and
+// the default dispatch picks convert_fp8_ref.
 TEST(ConvertFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
-  const Kernel* k = registry().find("convert_fp8_avx512");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->backend, Backend::cpu);
-  EXPECT_GT(k->priority, registry().find("convert_fp8_ref")->priority);
   Buffer in = all_codes(kFn), out(kFnuz, {256});
   ConvertFp8Params p;
   p.in = in.view;
   p.out = out.view;
-  EXPECT_TRUE(k->supports(&p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::convert_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "convert_fp8_avx512");
+  if (!cpu_test::avx512_unavailable().empty()) {
+    cpu_test::expect_not_registered_and_falls_back(OpKind::convert_fp8, "convert_fp8_avx512", "convert_fp8_ref", p);
+    return;
   }
+  const Kernel* k = registry().find("convert_fp8_avx512");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->backend, Backend::cpu);
+  EXPECT_GT(k->priority, registry().find("convert_fp8_ref")->priority);
+  EXPECT_TRUE(k->supports(&p).ok());
+  const Kernel* chosen = nullptr;  // the default dispatch picks it on this CPU
+  ASSERT_TRUE(registry().select_with(Config{}, OpKind::convert_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+  EXPECT_STREQ(chosen->name, "convert_fp8_avx512");
   p.out.device = Device::cuda;
   const Status s = k->supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);
@@ -302,7 +307,7 @@ TEST(ConvertFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 // Every code many times over lengths that are not multiples of the 64-byte vector, below and above
 // the threaded size (2^18 codes), both directions, out of place and in place, with and without scales.
 TEST(ConvertFp8, CpuMatchesRefOnEveryCodeAcrossTheThreadSplit) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   Rng rng(21);
   for (int64_t n : {int64_t(1), int64_t(63), int64_t(256), int64_t(1000), int64_t(262144 + 77), int64_t(1) << 20}) {
     for (DType d : {kFn, kFnuz}) {

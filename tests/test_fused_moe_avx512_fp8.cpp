@@ -1,12 +1,13 @@
 // fused_moe_avx512_fp8_row / _tkw1 (the CPU backend's fp8 W8A8 per-row fused MoE) against the
-// reference kernels fused_moe_ref_fp8_row / _tkw1. Skipped where the CPU lacks AVX-512 F/BW/VL.
+// reference kernels fused_moe_ref_fp8_row / _tkw1. Skipped where the CPU lacks AVX-512 F/BW/VL;
+// there the dispatch and refusal tests check that the portable kernels serve the problems and that
+// these kernels refuse every problem, naming the missing feature.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "cpu/cpu_features.h"
+#include "cpu_test_util.h"
 #include "moekit/ops/fused_moe.h"
-#include "ops/fused_moe/fused_moe_cpu.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -21,10 +22,7 @@ constexpr const char* kKernel = "fused_moe_avx512_fp8_row";
 constexpr const char* kKernelTkw1 = "fused_moe_avx512_fp8_row_tkw1";
 
 // Why these tests cannot run here ("" when they can): the kernel's own CPU check.
-std::string cpu_unavailable() {
-  const Status s = cpu::moe::require_avx512(kKernel, cpu::cpu_features(), false);
-  return s.ok() ? "" : s.to_string();
-}
+std::string cpu_unavailable() { return cpu_test::avx512_unavailable(kKernel); }
 
 // Runs kernel `name` on p (out poisoned first) and returns the output as doubles.
 std::vector<double> run(MoeProblem& p, const char* name) {
@@ -62,15 +60,16 @@ MoeShape shape(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, Scheme sch
   return s;
 }
 
+// Where the CPU lacks AVX-512, the portable fused_moe_cpu_generic_fp8_row / _tkw1 instead.
 TEST(FusedMoeAvx512Fp8, IsPickedByDefaultOnThisCpu) {
-  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  const bool avx512 = cpu_unavailable().empty();
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     MoeProblem p;
     ASSERT_TRUE(testing::make_moe_problem(shape(3, 8, 2, 64, 96, sc), {}, 1, &p).ok());
     const FusedMoeParams f = p.params();
     const Kernel* k = nullptr;
     ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::fp8_row, &f, RunOptions{}, "t", &k).ok());
-    EXPECT_STREQ(k->name, kKernel);
+    EXPECT_STREQ(k->name, avx512 ? kKernel : "fused_moe_cpu_generic_fp8_row") << cpu_unavailable();
   }
   MoeShape woi = shape(3, 8, 1, 64, 96, Scheme::fp8_channel);
   woi.weight_on_input = true;
@@ -79,11 +78,11 @@ TEST(FusedMoeAvx512Fp8, IsPickedByDefaultOnThisCpu) {
   const FusedMoeParams f = p.params();
   const Kernel* k = nullptr;
   ASSERT_TRUE(registry().select(OpKind::fused_moe, MoeVariant::fp8_row_tkw1, &f, RunOptions{}, "t", &k).ok());
-  EXPECT_STREQ(k->name, kKernelTkw1);
+  EXPECT_STREQ(k->name, avx512 ? kKernelTkw1 : "fused_moe_cpu_generic_fp8_row_tkw1") << cpu_unavailable();
 }
 
 TEST(FusedMoeAvx512Fp8, EdgeCasesMatchRef) {
-  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  CPU_SKIP_IF(cpu_unavailable());
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     const std::string n = testing::scheme_name(sc);
     for (int64_t T : {1, 5, 37}) {
@@ -121,9 +120,31 @@ TEST(FusedMoeAvx512Fp8, EdgeCasesMatchRef) {
   }
 }
 
+// Where the CPU lacks AVX-512: both kernels (registered everywhere) refuse every problem, even one
+// they could run, naming the missing feature (the shape and dtype checks come after the CPU's).
 TEST(FusedMoeAvx512Fp8, RefusesWhatItCannotRun) {
   const Kernel* k = registry().find(kKernel);
   ASSERT_NE(k, nullptr);
+  if (!cpu_unavailable().empty()) {
+    const std::string missing = ": CPU lacks AVX-512 F/BW/VL (has: " + cpu::describe(cpu::cpu_features()) + ")";
+    for (bool tkw1 : {false, true}) {
+      const char* name = tkw1 ? kKernelTkw1 : kKernel;
+      const Kernel* kk = registry().find(name);
+      ASSERT_NE(kk, nullptr) << name;
+      MoeShape runnable = shape(3, 8, tkw1 ? 1 : 2, 64, 96, Scheme::fp8_channel);
+      runnable.weight_on_input = tkw1;
+      const MoeShape h40 = shape(2, 4, 2, 40, 64, Scheme::fp8_channel), bf16 = shape(2, 4, 2, 64, 64, Scheme::bf16);
+      for (const MoeShape& s : {runnable, h40, bf16}) {
+        MoeProblem p;
+        ASSERT_TRUE(testing::make_moe_problem(s, {}, 1, &p).ok());
+        const FusedMoeParams f = p.params();
+        const Status st = kk->supports(&f);
+        EXPECT_EQ(st.code(), StatusCode::unsupported) << st.to_string();
+        EXPECT_NE(st.message().find(missing), std::string::npos) << name << ": " << st.message();
+      }
+    }
+    return;
+  }
   MoeProblem p;
   ASSERT_TRUE(testing::make_moe_problem(shape(2, 4, 2, 40, 64, Scheme::fp8_channel), {}, 1, &p).ok());
   FusedMoeParams f = p.params();
@@ -142,7 +163,7 @@ TEST(FusedMoeAvx512Fp8, RefusesWhatItCannotRun) {
 }
 
 TEST(FusedMoeAvx512Fp8, DeterministicAcrossRuns) {
-  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  CPU_SKIP_IF(cpu_unavailable());
   MoeProblem p;
   ASSERT_TRUE(testing::make_moe_problem(shape(50, 16, 4, 128, 192, Scheme::fp8_channel), {}, 3, &p).ok());
   run(p, kKernel);
@@ -152,7 +173,7 @@ TEST(FusedMoeAvx512Fp8, DeterministicAcrossRuns) {
 }
 
 TEST(FusedMoeAvx512Fp8, PresetsMatchRef) {
-  if (!cpu_unavailable().empty()) GTEST_SKIP() << cpu_unavailable();
+  CPU_SKIP_IF(cpu_unavailable());
   for (const char* model : {"mixtral", "qwen3-moe"}) {
     testing::ShapeRequest req;
     req.model = model;

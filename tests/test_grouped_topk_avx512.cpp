@@ -30,8 +30,9 @@ using grouped_test::certified_logits;
 using grouped_test::config;
 
 // ------------------------------------------------------------------ CPU kernel (grouped_topk_avx512)
-// Skipped when the CPU backend is unavailable (no AVX-512). Compared with grouped_topk_ref: ids
-// exactly, weights within kWeightAtol / kWeightRtol.
+// Skipped where the CPU lacks AVX-512 F/BW/VL (routing_test::cpu_unavailable()); there the kernel
+// is not registered. Compared with grouped_topk_ref: ids exactly, weights within kWeightAtol /
+// kWeightRtol.
 namespace cpu_cases {
 
 Buffer random_bias(uint64_t seed, int64_t E) {

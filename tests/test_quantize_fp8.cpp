@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/quant.h"
 #include "testing/harness.h"
@@ -379,8 +380,9 @@ TEST(QuantizeFp8, CheckHookOnPresets) {
 }
 
 // ---------------------------------------------------------------- CPU kernel (quantize_fp8_avx512)
-// Codes and scales compared bit-exactly with quantize_fp8_ref (and the encoder with dtype.h's).
-bool cpu_available() { return registry().backend_available(Backend::cpu).ok(); }
+// Codes and scales compared bit-exactly with quantize_fp8_ref (and the encoder with dtype.h's);
+// skipped where the CPU lacks AVX-512 F/BW/VL (cpu_test::avx512_unavailable()), where the kernel is
+// not registered.
 
 // One problem on `kernel` (outputs poisoned first).
 Quantized quantize_with(const char* kernel, const Buffer& in, DType od, G g, const Dims& scale_dims, int group_k,
@@ -395,19 +397,22 @@ Quantized quantize_with(const char* kernel, const Buffer& in, DType od, G g, con
   return q;
 }
 
+// Where the CPU lacks AVX-512: not registered, and the default dispatch picks quantize_fp8_ref.
 TEST(QuantizeFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  Buffer in(DType::bf16, {2, 32}), out(kFn, {2, 32}), scale(DType::f32, {2});
+  QuantizeFp8Params p = make_params(in, out, scale, G::per_row);
+  if (!cpu_test::avx512_unavailable().empty()) {
+    cpu_test::expect_not_registered_and_falls_back(OpKind::quantize_fp8, "quantize_fp8_avx512", "quantize_fp8_ref", p);
+    return;
+  }
   const Kernel* k = registry().find("quantize_fp8_avx512");
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->backend, Backend::cpu);
   EXPECT_GT(k->priority, registry().find("quantize_fp8_ref")->priority);
-  Buffer in(DType::bf16, {2, 32}), out(kFn, {2, 32}), scale(DType::f32, {2});
-  QuantizeFp8Params p = make_params(in, out, scale, G::per_row);
   EXPECT_TRUE(k->supports(&p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::quantize_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "quantize_fp8_avx512");
-  }
+  const Kernel* chosen = nullptr;  // the default dispatch picks it on this CPU
+  ASSERT_TRUE(registry().select_with(Config{}, OpKind::quantize_fp8, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+  EXPECT_STREQ(chosen->name, "quantize_fp8_avx512");
   p.scale.device = Device::cuda;
   const Status s = k->supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);
@@ -418,7 +423,7 @@ TEST(QuantizeFp8, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 // multiples of the 16-lane vector, ragged last groups, row counts not a multiple of the thread
 // split, problems above and below the threaded size; NaN, +-inf, zeros and tiny values mixed in.
 TEST(QuantizeFp8, CpuMatchesRefBitExactlyEveryGranularity) {
-  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   const std::vector<GranCase> cases = {
       {G::per_tensor, {3, 7, 33}, {1}, 128, 128},         {G::per_tensor, {301, 257}, {1}, 128, 128},
       {G::per_row, {17, 130}, {17}, 128, 128},            {G::per_row, {513, 100}, {513, 1}, 128, 128},
@@ -451,7 +456,7 @@ TEST(QuantizeFp8, CpuMatchesRefBitExactlyEveryGranularity) {
 // the whole range, plus every RNE midpoint between adjacent codes and its neighbours: a static
 // per-tensor scale of 1 makes q = fp8(x) exactly.
 TEST(QuantizeFp8, CpuEncoderMatchesTheScalarEncoderOnEveryFloatClass) {
-  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   std::vector<float> xs;
   for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) {
     float f;
@@ -489,7 +494,7 @@ TEST(QuantizeFp8, CpuEncoderMatchesTheScalarEncoderOnEveryFloatClass) {
 }
 
 TEST(QuantizeFp8, CpuCheckHookOnPresets) {
-  if (!cpu_available()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   for (const char* model : {"deepseek-v3", "mixtral"}) {
     testing::CheckRequest req;
     req.shape.model = model;

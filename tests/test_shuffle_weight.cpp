@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/layout.h"
 #include "testing/harness.h"
@@ -368,21 +369,28 @@ TEST(ShuffleWeight, CheckHookRejectsUnshuffleableCustomShape) {
 }
 
 // ---------------------------------------------------------------- CPU kernels (*_shuffle_weight_avx512)
-// Compared bit-exactly with the ref kernels.
+// Compared bit-exactly with the ref kernels; skipped where the CPU lacks AVX-512 F/BW/VL
+// (cpu_test::avx512_unavailable()), where the kernels are not registered.
 TEST(ShuffleWeight, CpuKernelsAreRegisteredAndRefuseDeviceTensors) {
+  const bool avx512 = cpu_test::avx512_unavailable().empty();
   for (const char* name : {"shuffle_weight_avx512", "unshuffle_weight_avx512"}) {
+    SCOPED_TRACE(name);
+    Buffer in(DType::bf16, {16, 32}), out(DType::bf16, {16, 32});
+    ShuffleWeightParams p{in.view, out.view};
+    const bool inverse = name[0] == 'u';
+    if (!avx512) {  // not registered; the default dispatch picks the ref kernel
+      cpu_test::expect_not_registered_and_falls_back(inverse ? OpKind::unshuffle_weight : OpKind::shuffle_weight,
+                                                      name, inverse ? "unshuffle_weight_ref" : "shuffle_weight_ref", p);
+      continue;
+    }
     const Kernel* k = registry().find(name);
     ASSERT_NE(k, nullptr) << name;
     EXPECT_EQ(k->backend, Backend::cpu);
     EXPECT_GT(k->priority, 0);
-    Buffer in(DType::bf16, {16, 32}), out(DType::bf16, {16, 32});
-    ShuffleWeightParams p{in.view, out.view};
     EXPECT_TRUE(k->supports(&p).ok());
-    if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-      const Kernel* chosen = nullptr;
-      ASSERT_TRUE(registry().select_with(Config{}, k->op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
-      EXPECT_STREQ(chosen->name, name);
-    }
+    const Kernel* chosen = nullptr;  // the default dispatch picks it on this CPU
+    ASSERT_TRUE(registry().select_with(Config{}, k->op, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+    EXPECT_STREQ(chosen->name, name);
     p.in.device = Device::cuda;
     const Status s = k->supports(&p);
     EXPECT_EQ(s.code(), StatusCode::unsupported);
@@ -395,7 +403,7 @@ TEST(ShuffleWeight, CpuKernelsAreRegisteredAndRefuseDeviceTensors) {
 // the 16-row blocks split unevenly over the threads. Shuffle against shuffle_weight_ref, unshuffle
 // against unshuffle_weight_ref, and the round trip.
 TEST(ShuffleWeight, CpuMatchesRefAndRoundTripsAcrossTheThreadSplit) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   struct Case {
     DType dtype;
     std::vector<int64_t> dims;
@@ -427,7 +435,7 @@ TEST(ShuffleWeight, CpuMatchesRefAndRoundTripsAcrossTheThreadSplit) {
 }
 
 TEST(ShuffleWeight, CpuCheckHookOnPresets) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   for (auto check : {testing::check_shuffle_weight, testing::check_unshuffle_weight}) {
     testing::CheckRequest req;
     req.shape.model = "deepseek-v3";

@@ -262,8 +262,9 @@ TEST(SigmoidTopk, CudaBenchProblemRuns) {
 }
 
 // ------------------------------------------------------------------ CPU kernel (sigmoid_topk_avx512)
-// Skipped when the CPU backend is unavailable (no AVX-512). Compared with sigmoid_topk_ref: ids
-// exactly, weights within kWeightAtol / kWeightRtol.
+// Skipped where the CPU lacks AVX-512 F/BW/VL (routing_test::cpu_unavailable()); there the kernel
+// is not registered. Compared with sigmoid_topk_ref: ids exactly, weights within kWeightAtol /
+// kWeightRtol.
 namespace cpu_cases {
 
 void expect_cpu_matches_ref(const Buffer& gating, int k, const std::string& what) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/sorting.h"
 #include "sort_tokens_test_util.h"
@@ -19,21 +20,25 @@ using sort_test::make_input;
 using sort_test::run_ref;
 
 // ---------------------------------------------------------------- CPU kernel (sort_tokens_avx512)
-// Every output compared bit-exactly with sort_tokens_ref; skipped when the CPU backend is unavailable.
+// Every output compared bit-exactly with sort_tokens_ref; skipped where the CPU lacks AVX-512 F/BW/VL
+// (cpu_test::avx512_unavailable()), where the kernel is not registered.
 const Kernel& cpu_kernel() { return *registry().find("sort_tokens_avx512"); }
 
+// Where the CPU lacks AVX-512: not registered, and the default dispatch picks sort_tokens_ref.
 TEST(SortTokens, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
+  SortTokensBuffers b(make_input(2, 2, 4, 2, SortEncoding::flat, {0, 1, 2, 3}));
+  SortTokensParams p = b.params();
+  if (!cpu_test::avx512_unavailable().empty()) {
+    cpu_test::expect_not_registered_and_falls_back(OpKind::sort_tokens, "sort_tokens_avx512", kRef, p);
+    return;
+  }
   ASSERT_NE(registry().find("sort_tokens_avx512"), nullptr);
   EXPECT_EQ(cpu_kernel().backend, Backend::cpu);
   EXPECT_GT(cpu_kernel().priority, registry().find(kRef)->priority);
-  SortTokensBuffers b(make_input(2, 2, 4, 2, SortEncoding::flat, {0, 1, 2, 3}));
-  SortTokensParams p = b.params();
   EXPECT_TRUE(cpu_kernel().supports(&p).ok());
-  if (registry().backend_available(Backend::cpu).ok()) {  // the default dispatch picks it on this CPU
-    const Kernel* chosen = nullptr;
-    ASSERT_TRUE(registry().select_with(Config{}, OpKind::sort_tokens, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
-    EXPECT_STREQ(chosen->name, "sort_tokens_avx512");
-  }
+  const Kernel* chosen = nullptr;  // the default dispatch picks it on this CPU
+  ASSERT_TRUE(registry().select_with(Config{}, OpKind::sort_tokens, MoeVariant::none, &p, RunOptions{}, "t", &chosen).ok());
+  EXPECT_STREQ(chosen->name, "sort_tokens_avx512");
   p.num_valid.device = Device::cuda;
   const Status s = cpu_kernel().supports(&p);
   EXPECT_EQ(s.code(), StatusCode::unsupported);
@@ -41,7 +46,7 @@ TEST(SortTokens, CpuKernelIsRegisteredAndRefusesDeviceTensors) {
 }
 
 TEST(SortTokens, CpuCheckHarnessAllPresets) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   for (const char* model : {"mixtral", "deepseek-v3", "llama4", "qwen3-moe"}) {
     CheckRequest req;
     req.shape.model = model;
@@ -60,7 +65,7 @@ TEST(SortTokens, CpuCheckHarnessAllPresets) {
 // T not a multiple of the chunk count, problems above and below the threaded size (T*k >= 2^18),
 // E not a power of two, E > T, hot experts, -1 ids, mask and map, both encodings.
 TEST(SortTokens, CpuRandomMatchesRefAcrossTheThreadSplit) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   struct Shape {
     int64_t T, k, Eg, bm;
   };
@@ -93,7 +98,7 @@ TEST(SortTokens, CpuRandomMatchesRefAcrossTheThreadSplit) {
 // The kernel's own scan (reached through Kernel::run, past the front door's validation) reports the
 // FIRST bad id in (token, slot) order, also when a later thread chunk holds another, and writes nothing.
 TEST(SortTokens, CpuKernelRejectsTheFirstBadIdBeforeWriting) {
-  if (!registry().backend_available(Backend::cpu).ok()) GTEST_SKIP() << "CPU backend unavailable";
+  CPU_SKIP_IF(cpu_test::avx512_unavailable());
   std::vector<int32_t> ids(size_t(70000 * 4));  // above the threaded size
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i % 7);
   ids[size_t(69000 * 4 + 1)] = -5;  // in the second half (another thread's chunk)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -284,15 +285,17 @@ TEST(TopkSoftmax, InvalidArgumentsNameTheArgument) {
 
 // Never dereferenced: validation fails before any access.
 TEST(TopkSoftmax, TokenExpertIndicesMustFitInt32) {
-  float dummy = 0;
+  // Views of 16 GiB each that validation never reads: fake, disjoint base addresses 1 TiB apart (one
+  // shared dummy made the outputs overlap each other and gating, refused before the T*k check).
+  auto fake = [](int i) { return reinterpret_cast<void*>(uintptr_t(i) << 40); };
   const int64_t T = int64_t(1) << 29;
   TopkSoftmaxParams p;
-  p.gating = TensorView::contiguous(&dummy, DType::bf16, {T, 16});
+  p.gating = TensorView::contiguous(fake(1), DType::bf16, {T, 16});
   p.k = 8;
-  p.topk_weights = TensorView::contiguous(&dummy, DType::f32, {T, 8});
-  p.topk_ids = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  p.topk_weights = TensorView::contiguous(fake(2), DType::f32, {T, 8});
+  p.topk_ids = TensorView::contiguous(fake(3), DType::i32, {T, 8});
   EXPECT_TRUE(validate_topk_softmax(p).ok());  // without indices nothing overflows
-  p.token_expert_indices = TensorView::contiguous(&dummy, DType::i32, {T, 8});
+  p.token_expert_indices = TensorView::contiguous(fake(4), DType::i32, {T, 8});
   expect_error(validate_topk_softmax(p), "token_expert_indices: T*k = 536870912*8 = 4294967296 exceeds");
 }
 
@@ -407,8 +410,9 @@ TEST(TopkSoftmax, CudaBenchProblemRuns) {
 }
 
 // ------------------------------------------------------------------ CPU kernel (topk_softmax_avx512)
-// Skipped when the CPU backend is unavailable (no AVX-512). Compared with topk_softmax_ref: ids and
-// token_expert_indices exactly, weights within kWeightAtol / kWeightRtol.
+// Skipped where the CPU lacks AVX-512 F/BW/VL (routing_test::cpu_unavailable()); there the kernel
+// is not registered. Compared with topk_softmax_ref: ids and token_expert_indices exactly, weights
+// within kWeightAtol / kWeightRtol.
 namespace cpu_cases {
 
 // One problem on the CPU kernel and on the ref.
