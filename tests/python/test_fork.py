@@ -1,7 +1,9 @@
 """moekit in forked children (issue 28): once the CPU thread pool runs in a process, a child made
 by fork() (multiprocessing's fork start method, DataLoader workers, pre-forking servers) must get
 working ops, not hang on pool threads that exist only in the parent. Each child has a deadline;
-a hang fails the test instead of blocking the suite.
+a hang fails the test instead of blocking the suite. The children run moekit calls only, on
+tensors made by the parent: torch's own OpenMP pool is not fork-safe (a child's large torch op
+hangs whether or not moekit was used), which is why DataLoader workers do the same.
 """
 
 from __future__ import annotations
@@ -27,23 +29,24 @@ def _problem(seed: int = 0):
     return x, w1, w2, logits, k
 
 
-def _run():
-    x, w1, w2, logits, k = _problem()
+def _run(problem):
+    x, w1, w2, logits, k = problem
     weights, ids = moekit.fused_topk(x, logits, k, True)
     return moekit.fused_experts(x, w1, w2, weights, ids)
 
 
-def _child(queue) -> None:
-    queue.put(_run().float().tolist())  # plain lists: no shared-memory handles across the fork
+def _child(queue, problem) -> None:
+    queue.put(_run(problem).float().tolist())  # plain lists: no shared-memory handles across the fork
 
 
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork start method here")
 def test_forked_children_run_fused_moe_after_the_parent_did():
-    expected = _run()  # the parent's pool exists from here on
+    problem = _problem()
+    expected = _run(problem)  # the parent's pool exists from here on
     ctx = mp.get_context("fork")
     for _ in range(2):
         queue = ctx.Queue()
-        child = ctx.Process(target=_child, args=(queue,))
+        child = ctx.Process(target=_child, args=(queue, problem))  # inherited, not pickled
         child.start()
         try:
             got = queue.get(timeout=60)
@@ -56,4 +59,4 @@ def test_forked_children_run_fused_moe_after_the_parent_did():
         assert got is not None, f"the forked child hung or died in its first moekit call (exit code {child.exitcode})"
         assert child.exitcode == 0
         torch.testing.assert_close(torch.tensor(got), expected.float(), rtol=0, atol=0)
-    torch.testing.assert_close(_run(), expected, rtol=0, atol=0)  # the parent's pool still works
+    torch.testing.assert_close(_run(problem), expected, rtol=0, atol=0)  # the parent's pool still works
