@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 
 #include "moekit/core/dtype.h"
@@ -16,6 +14,7 @@
 #include "moekit/ops/quant.h"
 #include "moekit/ops/routing.h"
 #include "cpu/thread_pool.h"
+#include "model/model_io.h"
 
 namespace moekit::model {
 
@@ -44,15 +43,6 @@ bool parse_model_scheme(const std::string& s, ModelScheme* out) {
 namespace {
 
 constexpr int kBlock = 128;  // fp8_block: 128 x 128 weight blocks, 1 x 128 activation groups
-
-Status read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return InvalidArgument("cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return Status::Ok();
-}
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
@@ -264,7 +254,7 @@ struct MoeModel::Impl {
 
 Status MoeModel::Impl::load(const std::string& dir) {
   std::string text;
-  MOEKIT_RETURN_IF_ERROR(read_file(dir + "/config.json", &text));
+  MOEKIT_RETURN_IF_ERROR(read_regular_file("config.json", dir + "/config.json", kMaxJsonFileBytes, &text));
   MOEKIT_RETURN_IF_ERROR(ModelConfig::parse(text, &cfg));
   MOEKIT_RETURN_IF_ERROR(Tokenizer::load(dir + "/tokenizer.json", &tok));
   if (tok.vocab_size() != cfg.vocab_size) {
@@ -559,35 +549,49 @@ const ModelConfig& MoeModel::config() const { return impl_->cfg; }
 const Tokenizer& MoeModel::tokenizer() const { return impl_->tok; }
 
 Status MoeModel::load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out) {
+  if (out == nullptr) return InvalidArgument("out: must not be null");
   MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
-  auto impl = std::make_unique<Impl>();
-  impl->opts = opts;
-  if (opts.backend == Backend::cuda) {
-    impl->dev = registry().device_ops(Backend::cuda);
-    if (impl->dev == nullptr) return Unsupported("model runner: the cuda backend registers no device operations");
-  }
-  const Status s = impl->load(dir);
-  if (!s.ok()) return InvalidArgument(dir, ": ", s.message());
-  out->reset(new MoeModel(std::move(impl)));
-  return Status::Ok();
+  return no_throw("model " + dir, [&]() -> Status {
+    auto impl = std::make_unique<Impl>();
+    impl->opts = opts;
+    if (opts.backend == Backend::cuda) {
+      impl->dev = registry().device_ops(Backend::cuda);
+      if (impl->dev == nullptr) return Unsupported("model runner: the cuda backend registers no device operations");
+    }
+    const Status s = impl->load(dir);
+    if (!s.ok()) return Status(s.code(), dir + ": " + s.message());
+    out->reset(new MoeModel(std::move(impl)));
+    return Status::Ok();
+  });
 }
 
 Status MoeModel::logits(const std::vector<int32_t>& ids, std::vector<float>* logits) {
-  Impl::Seq s = impl_->new_seq();
-  const int V = impl_->cfg.vocab_size;
-  std::vector<float> all, one;
-  all.reserve(ids.size() * size_t(V));
-  for (int32_t t : ids) {
-    MOEKIT_RETURN_IF_ERROR(impl_->step({&s}, {t}, &one));
-    all.insert(all.end(), one.begin(), one.end());
-  }
-  *logits = std::move(all);
-  return Status::Ok();
+  if (logits == nullptr) return InvalidArgument("logits: must not be null");
+  return no_throw("model: logits", [&]() -> Status {
+    Impl::Seq s = impl_->new_seq();
+    const int V = impl_->cfg.vocab_size;
+    std::vector<float> all, one;
+    all.reserve(ids.size() * size_t(V));
+    for (int32_t t : ids) {
+      MOEKIT_RETURN_IF_ERROR(impl_->step({&s}, {t}, &one));
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    *logits = std::move(all);
+    return Status::Ok();
+  });
 }
 
 Status MoeModel::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
                           std::vector<std::vector<int32_t>>* out,
                           const std::function<void(size_t, size_t)>& progress) {
+  return no_throw("model: generate",
+                  [&]() -> Status { return generate_checked(prompts, max_new, batch, out, progress); });
+}
+
+Status MoeModel::generate_checked(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
+                                  std::vector<std::vector<int32_t>>* out,
+                                  const std::function<void(size_t, size_t)>& progress) {
+  if (out == nullptr) return InvalidArgument("out: must not be null");
   if (batch < 1) return InvalidArgument("batch: must be >= 1, got ", batch);
   if (max_new < 0) return InvalidArgument("max_new: must be >= 0, got ", max_new);
   for (size_t i = 0; i < prompts.size(); ++i) {
