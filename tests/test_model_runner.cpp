@@ -5,7 +5,7 @@
 // equal to the argmax chain of the logits, every scheme and backend running, and config / load errors;
 // and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's; and
 // hostile model folders (issue 28): folders, FIFOs or oversized files in place of the model's files,
-// deep JSON.
+// deep JSON, a checkpoint with tensors the config does not use.
 // Run: ./build/tests/moekit_tests --gtest_filter='ModelRunner*'
 #include <gtest/gtest.h>
 
@@ -312,6 +312,25 @@ TEST(ModelRunner, RejectsOversizedAndDeepConfig) {
   const Status l = ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": ")" + std::string(100000, '9') + "\"}", &c);
   EXPECT_NE(l.message().find("'vocab_size' must be an integer, got \"999"), std::string::npos) << l.message().substr(0, 300);
   EXPECT_LT(l.message().size(), 200u);
+}
+
+TEST(ModelRunner, RejectsCheckpointTensorsTheConfigDoesNotUse) {
+  // A config with one layer fewer than the checkpoint used to load and run a different model
+  // without a word; every tensor the config does not use is now an error naming the first one.
+  for (const char* name : kSmoke) {
+    SCOPED_TRACE(name);
+    testing::ScratchDir d;
+    const std::string dir = model_folder(d, name, {"config.json"});
+    std::ifstream in(dir_of(name) + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    const int layers = cfg["num_hidden_layers"].get<int>();
+    ASSERT_GE(layers, 2);
+    cfg["num_hidden_layers"] = layers - 1;
+    d.text("config.json", cfg.dump());
+    expect_load_error(dir, StatusCode::invalid_argument,
+                      "model.safetensors: tensor 'model.layers." + std::to_string(layers - 1) + ".");
+    expect_load_error(dir, StatusCode::invalid_argument, "is not part of the");
+  }
 }
 
 }  // namespace
