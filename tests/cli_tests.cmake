@@ -122,6 +122,7 @@ out=$(\"$0\" eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --data ${PROJ
 
 # ---- hostile input (issue 28): exit 2 with one line naming the path, never a hang, a crash or
 # "internal error".
+moekit_cli_usage_error(run_empty_model "empty path" run --model "''" --prompt x)
 moekit_cli_usage_error(eval_data_is_a_folder "--data: ${PROJECT_SOURCE_DIR}/models/data is a directory"
   eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --data ${PROJECT_SOURCE_DIR}/models/data --limit 1)
 # A FIFO as --data or as a model's config.json used to block forever (timeout 20 s here); a folder as

@@ -5,7 +5,7 @@
 // equal to the argmax chain of the logits, every scheme and backend running, and config / load errors;
 // and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's; and
 // hostile model folders (issue 28): folders, FIFOs or oversized files in place of the model's files,
-// deep JSON, a checkpoint with tensors the config does not use.
+// deep JSON, a checkpoint with tensors the config does not use, an empty path.
 // Run: ./build/tests/moekit_tests --gtest_filter='ModelRunner*'
 #include <gtest/gtest.h>
 
@@ -331,6 +331,11 @@ TEST(ModelRunner, RejectsCheckpointTensorsTheConfigDoesNotUse) {
                       "model.safetensors: tensor 'model.layers." + std::to_string(layers - 1) + ".");
     expect_load_error(dir, StatusCode::invalid_argument, "is not part of the");
   }
+}
+
+TEST(ModelRunner, RejectsAnEmptyModelPath) {
+  // "" + "/config.json" is the root's /config.json: an empty path is refused, not resolved.
+  expect_load_error("", StatusCode::invalid_argument, "model folder: empty path");
 }
 
 }  // namespace

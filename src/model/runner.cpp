@@ -631,6 +631,10 @@ const ModelConfig& MoeModel::config() const { return impl_->cfg; }
 const Tokenizer& MoeModel::tokenizer() const { return impl_->tok; }
 
 Status MoeModel::load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out) {
+  // NOTE: an empty dir would read "/config.json" (the root's), not the current folder's.
+  if (dir.empty()) {
+    return InvalidArgument("model folder: empty path (the folder of config.json, model.safetensors, tokenizer.json)");
+  }
   if (out == nullptr) return InvalidArgument("out: must not be null");
   MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
   return no_throw("model " + dir, [&]() -> Status {

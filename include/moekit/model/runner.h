@@ -66,9 +66,9 @@ class MoeModel {
   // Loads models/<name>/ (config.json, model.safetensors, tokenizer.json): every tensor checked for
   // name, dtype and shape, and a tensor the config does not use (e.g. a config with fewer layers
   // than the checkpoint) is an InvalidArgument naming it; the experts stacked as fused_moe wants
-  // them ([E, 2I, H] gate rows then up rows, [E, H, I]) and quantized per the scheme. A file
-  // that is not a regular file, a JSON file over 64 MiB or nested deeper than 64 levels are
-  // InvalidArguments naming the path; a model the machine cannot hold is OutOfMemory.
+  // them ([E, 2I, H] gate rows then up rows, [E, H, I]) and quantized per the scheme. An empty
+  // `dir`, a file that is not a regular file, a JSON file over 64 MiB or nested deeper than 64 levels
+  // are InvalidArguments naming the path; a model the machine cannot hold is OutOfMemory.
   // Nothing here (nor logits / generate) throws.
   static Status load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out);
   ~MoeModel();
