@@ -119,3 +119,32 @@ moekit_cli_test(eval_unavailable_backend
   "if \"$0\" ops | grep -qE '^  cuda +available'; then echo 'cuda available here: nothing to check'; exit 0; fi; \
 out=$(\"$0\" eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --data ${PROJECT_SOURCE_DIR}/models/data/arith_test.jsonl \
 --limit 1 --backend cpu,cuda 2>err.txt); rc=$?; cat err.txt; test $rc -eq 2 && test -z \"$out\" && grep -q -e '--backend cuda' err.txt")
+
+# ---- hostile input (issue 28): exit 2 with one line naming the path or the numbers, never a hang,
+# a crash or "internal error"; a request too large for the machine is refused before allocating.
+moekit_cli_usage_error(run_empty_model "empty path" run --model "''" --prompt x)
+moekit_cli_usage_error(eval_data_is_a_folder "--data: ${PROJECT_SOURCE_DIR}/models/data is a directory"
+  eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke --data ${PROJECT_SOURCE_DIR}/models/data --limit 1)
+# A FIFO as --data or as a model's config.json used to block forever (timeout 20 s here); a folder as
+# config.json used to be "internal error", exit 1.
+moekit_cli_test(eval_data_is_a_fifo
+  "d=$(mktemp -d) && mkfifo $d/p.jsonl || exit 1; err=$(timeout 20 \"$0\" eval --model ${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke \
+--data $d/p.jsonl --limit 1 2>&1 >/dev/null); rc=$?; rm -r $d; echo \"rc=$rc: $err\"; test $rc -eq 2 && printf '%s' \"$err\" | grep -q 'is a FIFO, not a regular file'")
+moekit_cli_test(run_config_is_a_folder
+  "d=$(mktemp -d) && mkdir $d/config.json || exit 1; err=$(timeout 20 \"$0\" run --model $d --prompt x 2>&1 >/dev/null); rc=$?; \
+rm -r $d; echo \"rc=$rc: $err\"; test $rc -eq 2 && printf '%s' \"$err\" | grep -q 'config.json is a directory, not a regular file'")
+moekit_cli_test(run_safetensors_is_a_fifo
+  "d=$(mktemp -d) && m=${MOEKIT_SMOKE_MODELS}/llama4-tiny-smoke && ln -s $m/config.json $m/tokenizer.json $d/ && mkfifo $d/model.safetensors || exit 1; \
+err=$(timeout 20 \"$0\" run --model $d --prompt x 2>&1 >/dev/null); rc=$?; rm -r $d; echo \"rc=$rc: $err\"; \
+test $rc -eq 2 && printf '%s' \"$err\" | grep -q 'model.safetensors is a FIFO, not a regular file'")
+# Each size flag is within its bound, together they need terabytes (--hidden x --inter) or hundreds
+# of GB (--tokens): refused at once with the estimate and what the machine has. `ulimit -v` (8 GB)
+# makes the --tokens case independent of the machine's memory.
+foreach(cmd check bench)
+  moekit_cli_usage_error(${cmd}_hidden_inter_too_large "host memory"
+    ${cmd} --op fused_moe --backend cpu --model mixtral --hidden 1048576 --inter 1048576 --tokens 1)
+  moekit_cli_test(usage.${cmd}_tokens_too_large
+    "err=$(ulimit -v 8000000; timeout 60 \"$0\" ${cmd} --op fused_moe --backend cpu --model mixtral --tokens 4194304 2>&1 >/dev/null); \
+rc=$?; echo \"rc=$rc: $err\"; test $rc -eq 2 && test \"$(printf '%s\\n' \"$err\" | wc -l)\" -eq 1 && \
+printf '%s' \"$err\" | grep -q -e '--tokens 4194304: fused_moe on cpu, mixtral-small .* needs about .* GB of host memory, this machine has .* GB available'")
+endforeach()

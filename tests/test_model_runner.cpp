@@ -3,7 +3,9 @@
 // steps; `python3 tools/train/train.py --smoke` wrote them with reference_logits.safetensors):
 // teacher-forced logits (max abs diff, top-1 agreement with the reference's argmax), greedy decoding
 // equal to the argmax chain of the logits, every scheme and backend running, and config / load errors;
-// and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's.
+// and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's; and
+// hostile model folders (issue 28): folders, FIFOs or oversized files in place of the model's files,
+// deep JSON, a checkpoint with tensors the config does not use, an empty path.
 // Run: ./build/tests/moekit_tests --gtest_filter='ModelRunner*'
 #include <gtest/gtest.h>
 
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "test_data_dir.h"
 #include "moekit/model/runner.h"
 #include "moekit/model/safetensors.h"
@@ -249,6 +252,90 @@ TEST(ModelRunner, BundledTrainedModelsMatchPyTorch) {
       EXPECT_EQ(text, want[n]) << "problem " << n;
     }
   }
+}
+
+// A copy of a smoke model in `d`: links to its files, except those given as `replace`, which the
+// caller then creates itself (a folder, a FIFO, an edited text).
+std::string model_folder(const testing::ScratchDir& d, const char* name, const std::vector<std::string>& replace) {
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    if (std::find(replace.begin(), replace.end(), f) == replace.end()) d.link(f, dir_of(name) + "/" + f);
+  }
+  return d.path();
+}
+
+void expect_load_error(const std::string& dir, StatusCode code, const std::string& needle) {
+  std::unique_ptr<MoeModel> m;
+  const Status s = MoeModel::load(dir, {}, &m);
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << "'" << s.message() << "' lacks '" << needle << "'";
+  EXPECT_EQ(m, nullptr);
+}
+
+TEST(ModelRunner, RejectsFilesThatAreNotRegular) {
+  // Before issue 28: a folder as model.safetensors threw out of the loader (the CLI said "internal
+  // error"), a FIFO blocked the load forever. Each is now an InvalidArgument naming the path.
+  for (const std::string f : {"config.json", "tokenizer.json", "model.safetensors"}) {
+    SCOPED_TRACE(f);
+    {
+      testing::ScratchDir d;
+      const std::string dir = model_folder(d, "llama4-tiny-smoke", {f});
+      d.folder(f);
+      expect_load_error(dir, StatusCode::invalid_argument, d.file(f) + " is a directory, not a regular file");
+    }
+    {
+      testing::ScratchDir d;
+      const std::string dir = model_folder(d, "llama4-tiny-smoke", {f});
+      d.fifo(f);
+      expect_load_error(dir, StatusCode::invalid_argument, d.file(f) + " is a FIFO, not a regular file");
+    }
+  }
+  testing::ScratchDir d;
+  const std::string dir = model_folder(d, "llama4-tiny-smoke", {"config.json"});
+  d.link("config.json", "/dev/zero");
+  expect_load_error(dir, StatusCode::invalid_argument, "config.json: " + d.file("config.json") + " is a character device");
+}
+
+TEST(ModelRunner, RejectsOversizedAndDeepConfig) {
+  {
+    testing::ScratchDir d;
+    const std::string dir = model_folder(d, "mixtral-tiny-smoke", {"config.json"});
+    d.sparse("config.json", 70ull << 20);
+    expect_load_error(dir, StatusCode::invalid_argument,
+                      "config.json: " + d.file("config.json") + " is 73.4 MB, over the 64 MiB limit");
+  }
+  // A million nested arrays as a value: its error message used to dump() it and overflow the stack.
+  ModelConfig c;
+  const Status s = ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": )" + testing::nested_arrays(1000000) + "}", &c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("config.json: JSON nested deeper than 64 levels"), std::string::npos) << s.message();
+  // Long values in messages are cut to ~100 characters.
+  const Status l = ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": ")" + std::string(100000, '9') + "\"}", &c);
+  EXPECT_NE(l.message().find("'vocab_size' must be an integer, got \"999"), std::string::npos) << l.message().substr(0, 300);
+  EXPECT_LT(l.message().size(), 200u);
+}
+
+TEST(ModelRunner, RejectsCheckpointTensorsTheConfigDoesNotUse) {
+  // A config with one layer fewer than the checkpoint used to load and run a different model
+  // without a word; every tensor the config does not use is now an error naming the first one.
+  for (const char* name : kSmoke) {
+    SCOPED_TRACE(name);
+    testing::ScratchDir d;
+    const std::string dir = model_folder(d, name, {"config.json"});
+    std::ifstream in(dir_of(name) + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    const int layers = cfg["num_hidden_layers"].get<int>();
+    ASSERT_GE(layers, 2);
+    cfg["num_hidden_layers"] = layers - 1;
+    d.text("config.json", cfg.dump());
+    expect_load_error(dir, StatusCode::invalid_argument,
+                      "model.safetensors: tensor 'model.layers." + std::to_string(layers - 1) + ".");
+    expect_load_error(dir, StatusCode::invalid_argument, "is not part of the");
+  }
+}
+
+TEST(ModelRunner, RejectsAnEmptyModelPath) {
+  // "" + "/config.json" is the root's /config.json: an empty path is refused, not resolved.
+  expect_load_error("", StatusCode::invalid_argument, "model folder: empty path");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The safetensors reader (include/moekit/model/safetensors.h): a hand-built valid file (values,
 // metadata, scalar, zero-size tensor, header padding), open() from disk, then every rejection --
-// each malformed file gives an InvalidArgument naming the problem, never a crash.
+// each malformed file gives an InvalidArgument naming the problem, never a crash; and hostile files
+// (issue 28): a folder, a FIFO or a device in place of the file, a header nested a million deep.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "moekit/model/safetensors.h"
 
 namespace moekit::model {
@@ -161,6 +163,46 @@ TEST(Safetensors, TruncationsAndByteFlipsAreHandled) {
       for (const SafetensorsTensor& t : f.tensors()) EXPECT_LE(f.bytes(t) + (t.end - t.begin), m.data() + m.size());
     }
   }
+}
+
+TEST(Safetensors, OpenRefusesWhatIsNotARegularFile) {
+  // Before issue 28 a folder threw out of open() (its "size" from seeking to the end is huge) and a
+  // FIFO blocked in the open forever; now each is refused before it is opened for reading.
+  testing::ScratchDir d;
+  SafetensorsFile f;
+  const std::string folder = d.folder("model.safetensors");
+  Status s = SafetensorsFile::open(folder, &f);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("safetensors: " + folder + " is a directory, not a regular file"), std::string::npos)
+      << s.message();
+  const std::string fifo = d.fifo("fifo.safetensors");
+  s = SafetensorsFile::open(fifo, &f);
+  EXPECT_NE(s.message().find(fifo + " is a FIFO, not a regular file"), std::string::npos) << s.message();
+  const std::string zero = d.link("zero.safetensors", "/dev/zero");
+  s = SafetensorsFile::open(zero, &f);
+  EXPECT_NE(s.message().find(zero + " is a character device, not a regular file"), std::string::npos) << s.message();
+  s = SafetensorsFile::open("", &f);
+  EXPECT_NE(s.message().find("safetensors: empty path"), std::string::npos) << s.message();
+  // A link to a regular file is followed.
+  const std::vector<uint8_t> b = blob(kHeader, data18());
+  d.text("real.safetensors", std::string(b.begin(), b.end()));
+  const std::string link = d.link("link.safetensors", d.file("real.safetensors"));
+  s = SafetensorsFile::open(link, &f);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(f.tensors().size(), 4u);
+}
+
+TEST(Safetensors, DeepHeaderIsRefusedBeforeParsing) {
+  // A million nested arrays as a shape entry: the error message used to dump() it, recursing once
+  // per level until the stack overflowed.
+  const std::string deep =
+      R"({"a": {"dtype": "F32", "shape": [)" + testing::nested_arrays(1000000) + R"(], "data_offsets": [0, 0]}})";
+  expect_rejected(blob(deep, {}), "safetensors: the header: JSON nested deeper than 64 levels");
+  // Long values in messages are cut to ~100 characters.
+  const std::string longv = R"({"a": {"dtype": "F32", "shape": [")" + std::string(100000, 'x') + R"("], "data_offsets": [0, 0]}})";
+  const Status st = parse(blob(longv, {}));
+  EXPECT_NE(st.message().find("shape entry \"xxxx"), std::string::npos) << st.message().substr(0, 300);
+  EXPECT_LT(st.message().size(), 250u);
 }
 
 }  // namespace

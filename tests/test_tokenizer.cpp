@@ -2,7 +2,8 @@
 // (tests/data/tokenizer_golden.json, written by tools/train/tokenizer.py --golden), round trips,
 // every text of the bundled test split, non-ASCII vocabularies, then every rejection -- unknown
 // characters, malformed UTF-8, out-of-range ids and each malformed tokenizer.json -- with a message
-// naming the problem and the outputs left untouched.
+// naming the problem and the outputs left untouched; and hostile files (issue 28): a folder, a FIFO,
+// a device or an oversized file in place of tokenizer.json, JSON nested a million levels deep.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "scratch_dir.h"
 #include "test_data_dir.h"
 #include "moekit/model/tokenizer.h"
 
@@ -265,6 +267,50 @@ TEST(Tokenizer, LoadsFromDiskAndNamesThePathOnError) {
   std::remove(path.c_str());
   expect_error(Tokenizer::load(path, &t), "tokenizer: cannot open '" + path + "'");
   EXPECT_EQ(t.vocab_size(), 99);
+}
+
+TEST(Tokenizer, LoadRefusesWhatIsNotARegularFile) {
+  // Before issue 28 a folder read as an empty text and a FIFO blocked the load forever; a link to
+  // /dev/zero would read until memory ran out. Each is refused before it is opened for reading.
+  testing::ScratchDir d;
+  Tokenizer t = default_tokenizer();
+  const std::string folder = d.folder("tokenizer.json");
+  expect_error(Tokenizer::load(folder, &t), "tokenizer: " + folder + " is a directory, not a regular file");
+  const std::string fifo = d.fifo("fifo.json");
+  expect_error(Tokenizer::load(fifo, &t), "tokenizer: " + fifo + " is a FIFO, not a regular file");
+  const std::string zero = d.link("zero.json", "/dev/zero");
+  expect_error(Tokenizer::load(zero, &t), zero + " is a character device, not a regular file");
+  expect_error(Tokenizer::load("", &t), "tokenizer: empty path");
+  EXPECT_EQ(t.vocab_size(), 99);  // untouched
+}
+
+TEST(Tokenizer, LoadRefusesAFileOverTheSizeCap) {
+  testing::ScratchDir d;
+  const std::string big = d.sparse("tokenizer.json", 70ull << 20);  // 73.4 MB of nothing, no disk used
+  Tokenizer t;
+  expect_error(Tokenizer::load(big, &t), "tokenizer: " + big + " is 73.4 MB, over the 64 MiB limit");
+}
+
+TEST(Tokenizer, DeepJsonIsRefusedBeforeParsing) {
+  // A million nested arrays under "type": the error message used to dump() the value, recursing
+  // once per level until the stack overflowed.
+  Tokenizer t;
+  const std::string deep = R"({"type": )" + testing::nested_arrays(1000000) + "}";
+  expect_error(Tokenizer::parse(deep, &t), "tokenizer: JSON nested deeper than 64 levels (at byte 72)");
+  // 64 levels are fine for the scanner (the value is then just the wrong type); brackets inside
+  // strings, escaped quotes included, do not count.
+  const std::string ok_depth = R"({"type": )" + testing::nested_arrays(63) + "}";
+  expect_error(Tokenizer::parse(ok_depth, &t), "type must be \"moekit-char\", got [[[[");
+  const std::string in_string = R"({"type": "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})";
+  expect_error(Tokenizer::parse(in_string, &t), "type must be \"moekit-char\", got \"\\\"[[[");
+}
+
+TEST(Tokenizer, ErrorMessagesCutLongValues) {
+  Tokenizer t;
+  const Status s = Tokenizer::parse(R"({"type": ")" + std::string(100000, 'x') + "\"}", &t);
+  expect_error(s, "type must be \"moekit-char\", got \"xxxx");
+  EXPECT_LT(s.message().size(), 200u) << s.message().size();
+  EXPECT_NE(s.message().find("..."), std::string::npos);
 }
 
 }  // namespace

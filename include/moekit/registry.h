@@ -126,6 +126,9 @@ struct DeviceOps {
   // capture failure is an error naming `what` (the op / kernel) and the input set.
   Status (*time_graph)(const std::function<Status(void* stream, int set)>& launch, int sets, int warmup,
                        int iters, L2Flush flush, const char* what, std::vector<double>* us);
+  // Free and total bytes of the current device (cudaMemGetInfo); nullptr when the backend cannot
+  // say. `moekit check` / `bench` refuse a request that cannot fit before allocating anything.
+  Status (*mem_info)(size_t* free_bytes, size_t* total_bytes) = nullptr;
 };
 
 class Registry {

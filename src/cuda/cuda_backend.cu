@@ -58,6 +58,9 @@ Status dev_memset(void* dst, int value, size_t bytes) {
   return check_cuda(cudaMemset(dst, value, bytes), "cudaMemset");
 }
 Status dev_sync() { return check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+Status mem_info(size_t* free_bytes, size_t* total_bytes) {
+  return check_cuda(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
 std::string describe() {
   int dev = 0;
   cudaDeviceProp prop{};
@@ -68,7 +71,7 @@ std::string describe() {
   return os.str();
 }
 
-const DeviceOps kOps = {dev_alloc, dev_free, to_device, to_host, dev_memset, dev_sync, describe, time_graph};
+const DeviceOps kOps = {dev_alloc, dev_free, to_device, to_host, dev_memset, dev_sync, describe, time_graph, mem_info};
 
 }  // namespace
 

@@ -1,10 +1,12 @@
 // config.json of the bundled models (include/moekit/model/runner.h, ModelConfig): the keys written by
 // tools/train/model.py ModelConfig.hf_config() for the three families. Every missing or ill-typed
-// key is an InvalidArgument naming it. Tests: tests/test_model_runner.cpp (ModelRunner.Config*).
+// key is an InvalidArgument naming it; JSON nested deeper than 64 levels is refused before parsing.
+// Tests: tests/test_model_runner.cpp (ModelRunner.Config*, ModelRunner.RejectsOversizedAndDeepConfig).
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "model/model_io.h"
 #include "moekit/model/runner.h"
 
 namespace moekit::model {
@@ -14,7 +16,9 @@ namespace {
 Status get_int(const nlohmann::json& j, const char* key, int lo, int hi, int* out) {
   const auto it = j.find(key);
   if (it == j.end()) return InvalidArgument("config.json: missing key '", key, "'");
-  if (!it->is_number_integer()) return InvalidArgument("config.json: '", key, "' must be an integer, got ", it->dump());
+  if (!it->is_number_integer()) {
+    return InvalidArgument("config.json: '", key, "' must be an integer, got ", short_dump(*it));
+  }
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) return InvalidArgument("config.json: '", key, "' = ", v, " is outside [", lo, ", ", hi, "]");
   *out = int(v);
@@ -24,7 +28,7 @@ Status get_int(const nlohmann::json& j, const char* key, int lo, int hi, int* ou
 Status get_float(const nlohmann::json& j, const char* key, float* out) {
   const auto it = j.find(key);
   if (it == j.end()) return InvalidArgument("config.json: missing key '", key, "'");
-  if (!it->is_number()) return InvalidArgument("config.json: '", key, "' must be a number, got ", it->dump());
+  if (!it->is_number()) return InvalidArgument("config.json: '", key, "' must be a number, got ", short_dump(*it));
   const double v = it->get<double>();
   if (!(v > 0.0) || v > 1e30) return InvalidArgument("config.json: '", key, "' = ", v, " must be finite and > 0");
   *out = float(v);
@@ -42,7 +46,10 @@ const char* family_name(Family f) {
   return "?";
 }
 
-Status ModelConfig::parse(const std::string& json_text, ModelConfig* out) {
+namespace {
+
+Status parse_config(const std::string& json_text, ModelConfig* out) {
+  MOEKIT_RETURN_IF_ERROR(check_json_depth("config.json", json_text.data(), json_text.size()));
   const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("config.json: the ", json_text.size(), "-byte text is not valid JSON");
   if (!j.is_object()) return InvalidArgument("config.json: must be a JSON object, got ", j.type_name());
@@ -115,6 +122,12 @@ Status ModelConfig::parse(const std::string& json_text, ModelConfig* out) {
   }
   *out = c;
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ModelConfig::parse(const std::string& json_text, ModelConfig* out) {
+  return no_throw("config.json", [&]() -> Status { return parse_config(json_text, out); });
 }
 
 }  // namespace moekit::model

@@ -6,9 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <tuple>
+#include <unordered_map>
 
 #include "moekit/core/dtype.h"
 #include "moekit/model/safetensors.h"
@@ -16,6 +15,7 @@
 #include "moekit/ops/quant.h"
 #include "moekit/ops/routing.h"
 #include "cpu/thread_pool.h"
+#include "model/model_io.h"
 
 namespace moekit::model {
 
@@ -45,19 +45,90 @@ namespace {
 
 constexpr int kBlock = 128;  // fp8_block: 128 x 128 weight blocks, 1 x 128 activation groups
 
-Status read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return InvalidArgument("cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return Status::Ok();
-}
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
+}
+
+// Calls fn(name, shape) (returning a Status, the first error stops) for every tensor of the model
+// config.json describes: the names and shapes MoeModel::Impl::load reads (docs/models.md, Checkpoint
+// files).
+template <class Fn>
+Status for_each_expected_tensor(const ModelConfig& c, Fn&& fn) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, E = c.num_experts, I = c.moe_intermediate_size;
+  const int64_t qd = int64_t(c.num_attention_heads) * c.head_dim, kd = int64_t(c.num_key_value_heads) * c.head_dim;
+  MOEKIT_RETURN_IF_ERROR(fn("model.embed_tokens.weight", {V, H}));
+  MOEKIT_RETURN_IF_ERROR(fn("lm_head.weight", {V, H}));
+  MOEKIT_RETURN_IF_ERROR(fn("model.norm.weight", {H}));
+  const char* moe_name =
+      c.family == Family::mixtral ? "block_sparse_moe" : c.family == Family::deepseek ? "mlp" : "feed_forward";
+  const bool mx = c.family == Family::mixtral;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    MOEKIT_RETURN_IF_ERROR(fn(p + "input_layernorm.weight", {H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "post_attention_layernorm.weight", {H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.q_proj.weight", {qd, H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.k_proj.weight", {kd, H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.v_proj.weight", {kd, H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.o_proj.weight", {H, qd}));
+    const std::string m = p + moe_name + ".";
+    if (c.family == Family::llama4) {
+      MOEKIT_RETURN_IF_ERROR(fn(m + "router.weight", {E, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.gate_up_proj", {E, H, 2 * I}));
+      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.down_proj", {E, I, H}));
+    } else {
+      MOEKIT_RETURN_IF_ERROR(fn(m + "gate.weight", {E, H}));
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w1.weight" : "gate_proj.weight"), {I, H}));
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w3.weight" : "up_proj.weight"), {I, H}));
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w2.weight" : "down_proj.weight"), {H, I}));
+      }
+      if (c.family == Family::deepseek) MOEKIT_RETURN_IF_ERROR(fn(m + "gate.e_score_correction_bias", {E}));
+    }
+    if (c.shared_expert) {
+      const std::string s = m + (c.family == Family::deepseek ? "shared_experts." : "shared_expert.");
+      MOEKIT_RETURN_IF_ERROR(fn(s + "gate_proj.weight", {I, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(s + "up_proj.weight", {I, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(s + "down_proj.weight", {H, I}));
+    }
+  }
+  return Status::Ok();
+}
+
+// The checkpoint holds exactly the tensors of the config's model: each one present with its shape
+// and a float dtype, and none left over (a config with fewer layers or experts than the checkpoint
+// would otherwise run a different model without a word). Runs before anything is converted, so a
+// config whose sizes disagree with the file allocates nothing.
+Status check_checkpoint(const SafetensorsFile& f, const ModelConfig& c) {
+  const std::vector<SafetensorsTensor>& ts = f.tensors();
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < ts.size(); ++i) index.emplace(ts[i].name, i);
+  std::vector<bool> used(ts.size(), false);
+  MOEKIT_RETURN_IF_ERROR(for_each_expected_tensor(c, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const auto it = index.find(name);
+    if (it == index.end()) return InvalidArgument("model.safetensors: missing tensor '", name, "'");
+    const SafetensorsTensor& t = ts[it->second];
+    if (t.shape != shape) {
+      return InvalidArgument("model.safetensors: '", name, "' has shape ", shape_str(t.shape), ", want ",
+                             shape_str(shape));
+    }
+    if (t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F32") {
+      return InvalidArgument("model.safetensors: '", name, "' has dtype ", t.dtype, " (want BF16, F16 or F32)");
+    }
+    used[it->second] = true;
+    return Status::Ok();
+  }));
+  const size_t unused = size_t(std::count(used.begin(), used.end(), false));
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (used[i]) continue;
+    return InvalidArgument("model.safetensors: tensor '", ts[i].name, "' is not part of the ", family_name(c.family),
+                           " model config.json describes (", c.num_hidden_layers, " layers, ", c.num_experts,
+                           " experts); ", unused, " of ", ts.size(),
+                           " tensors unused: does the config have fewer layers or experts than the checkpoint?");
+  }
+  return Status::Ok();
 }
 
 // f32 values of a checkpoint tensor with exactly the expected shape (bf16 / f16 / f32 on disk).
@@ -267,7 +338,7 @@ struct MoeModel::Impl {
 
 Status MoeModel::Impl::load(const std::string& dir) {
   std::string text;
-  MOEKIT_RETURN_IF_ERROR(read_file(dir + "/config.json", &text));
+  MOEKIT_RETURN_IF_ERROR(read_regular_file("config.json", dir + "/config.json", kMaxJsonFileBytes, &text));
   MOEKIT_RETURN_IF_ERROR(ModelConfig::parse(text, &cfg));
   MOEKIT_RETURN_IF_ERROR(Tokenizer::load(dir + "/tokenizer.json", &tok));
   if (tok.vocab_size() != cfg.vocab_size) {
@@ -275,6 +346,7 @@ Status MoeModel::Impl::load(const std::string& dir) {
   }
   SafetensorsFile f;
   MOEKIT_RETURN_IF_ERROR(SafetensorsFile::open(dir + "/model.safetensors", &f));
+  MOEKIT_RETURN_IF_ERROR(check_checkpoint(f, cfg));
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, E = cfg.num_experts, I = cfg.moe_intermediate_size;
   const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
   MOEKIT_RETURN_IF_ERROR(load_f32(f, "model.embed_tokens.weight", {V, H}, &embed));
@@ -562,35 +634,53 @@ const ModelConfig& MoeModel::config() const { return impl_->cfg; }
 const Tokenizer& MoeModel::tokenizer() const { return impl_->tok; }
 
 Status MoeModel::load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out) {
-  MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
-  auto impl = std::make_unique<Impl>();
-  impl->opts = opts;
-  if (opts.backend == Backend::cuda) {
-    impl->dev = registry().device_ops(Backend::cuda);
-    if (impl->dev == nullptr) return Unsupported("model runner: the cuda backend registers no device operations");
+  // NOTE: an empty dir would read "/config.json" (the root's), not the current folder's.
+  if (dir.empty()) {
+    return InvalidArgument("model folder: empty path (the folder of config.json, model.safetensors, tokenizer.json)");
   }
-  const Status s = impl->load(dir);
-  if (!s.ok()) return InvalidArgument(dir, ": ", s.message());
-  out->reset(new MoeModel(std::move(impl)));
-  return Status::Ok();
+  if (out == nullptr) return InvalidArgument("out: must not be null");
+  MOEKIT_RETURN_IF_ERROR(registry().backend_available(opts.backend));
+  return no_throw("model " + dir, [&]() -> Status {
+    auto impl = std::make_unique<Impl>();
+    impl->opts = opts;
+    if (opts.backend == Backend::cuda) {
+      impl->dev = registry().device_ops(Backend::cuda);
+      if (impl->dev == nullptr) return Unsupported("model runner: the cuda backend registers no device operations");
+    }
+    const Status s = impl->load(dir);
+    if (!s.ok()) return Status(s.code(), dir + ": " + s.message());
+    out->reset(new MoeModel(std::move(impl)));
+    return Status::Ok();
+  });
 }
 
 Status MoeModel::logits(const std::vector<int32_t>& ids, std::vector<float>* logits) {
-  Impl::Seq s = impl_->new_seq();
-  const int V = impl_->cfg.vocab_size;
-  std::vector<float> all, one;
-  all.reserve(ids.size() * size_t(V));
-  for (int32_t t : ids) {
-    MOEKIT_RETURN_IF_ERROR(impl_->step({&s}, {t}, &one));
-    all.insert(all.end(), one.begin(), one.end());
-  }
-  *logits = std::move(all);
-  return Status::Ok();
+  if (logits == nullptr) return InvalidArgument("logits: must not be null");
+  return no_throw("model: logits", [&]() -> Status {
+    Impl::Seq s = impl_->new_seq();
+    const int V = impl_->cfg.vocab_size;
+    std::vector<float> all, one;
+    all.reserve(ids.size() * size_t(V));
+    for (int32_t t : ids) {
+      MOEKIT_RETURN_IF_ERROR(impl_->step({&s}, {t}, &one));
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    *logits = std::move(all);
+    return Status::Ok();
+  });
 }
 
 Status MoeModel::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
                           std::vector<std::vector<int32_t>>* out,
                           const std::function<void(size_t, size_t)>& progress) {
+  return no_throw("model: generate",
+                  [&]() -> Status { return generate_checked(prompts, max_new, batch, out, progress); });
+}
+
+Status MoeModel::generate_checked(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
+                                  std::vector<std::vector<int32_t>>* out,
+                                  const std::function<void(size_t, size_t)>& progress) {
+  if (out == nullptr) return InvalidArgument("out: must not be null");
   if (batch < 1) return InvalidArgument("batch: must be >= 1, got ", batch);
   if (max_new < 0) return InvalidArgument("max_new: must be >= 0, got ", max_new);
   for (size_t i = 0; i < prompts.size(); ++i) {

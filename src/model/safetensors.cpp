@@ -1,13 +1,14 @@
 // The safetensors reader (include/moekit/model/safetensors.h). Every check runs before the object
-// is filled; messages name the tensor and the offending value.
+// is filled; messages name the tensor and the offending value (JSON values cut to ~100 characters).
 // Tests: tests/test_safetensors.cpp; fuzz target tests/fuzz/fuzz_safetensors.cpp.
 #include "moekit/model/safetensors.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 
 #include <nlohmann/json.hpp>
+
+#include "model/model_io.h"
 
 namespace moekit::model {
 
@@ -40,6 +41,10 @@ bool as_count(const nlohmann::json& v, uint64_t* out) {
 }  // namespace
 
 Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile* out) {
+  return no_throw("safetensors", [&]() -> Status { return parse_checked(data, size, out); });
+}
+
+Status SafetensorsFile::parse_checked(const uint8_t* data, size_t size, SafetensorsFile* out) {
   if (data == nullptr && size > 0) return InvalidArgument("safetensors: null data with size ", size);
   if (size < 8) return InvalidArgument("safetensors: file of ", size, " bytes is shorter than the 8-byte header length");
   uint64_t n = 0;
@@ -50,6 +55,7 @@ Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile*
                            " bytes after the length)");
   }
   const char* hb = reinterpret_cast<const char*>(data + 8);
+  MOEKIT_RETURN_IF_ERROR(check_json_depth("safetensors: the header", hb, size_t(n)));
   const nlohmann::json h = nlohmann::json::parse(hb, hb + n, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded()) return InvalidArgument("safetensors: the ", n, "-byte header is not valid JSON");
   if (!h.is_object()) return InvalidArgument("safetensors: the header must be a JSON object, got ", h.type_name());
@@ -87,7 +93,8 @@ Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile*
     for (const nlohmann::json& d : *sh) {
       uint64_t e = 0;
       if (!as_count(d, &e)) {
-        return InvalidArgument("safetensors: tensor '", name, "' shape entry ", d.dump(), " is not a non-negative integer");
+        return InvalidArgument("safetensors: tensor '", name, "' shape entry ", short_dump(d),
+                               " is not a non-negative integer");
       }
       t.shape.push_back(int64_t(e));
       if (e != 0 && bytes > std::numeric_limits<uint64_t>::max() / e) too_big = true;
@@ -98,7 +105,7 @@ Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile*
       return InvalidArgument("safetensors: tensor '", name, "' needs data_offsets [begin, end]");
     }
     if (!as_count((*off)[0], &t.begin) || !as_count((*off)[1], &t.end) || t.begin > t.end) {
-      return InvalidArgument("safetensors: tensor '", name, "' data_offsets ", off->dump(),
+      return InvalidArgument("safetensors: tensor '", name, "' data_offsets ", short_dump(*off),
                              " must be non-negative integers with begin <= end");
     }
     if (t.end > data_size) {
@@ -109,7 +116,7 @@ Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile*
     for (int64_t e : t.shape) zero |= e == 0;
     if (zero) bytes = 0;
     if ((too_big && !zero) || bytes != t.end - t.begin) {
-      return InvalidArgument("safetensors: tensor '", name, "' shape ", sh->dump(), " of ", t.dtype, " needs ",
+      return InvalidArgument("safetensors: tensor '", name, "' shape ", short_dump(*sh), " of ", t.dtype, " needs ",
                              too_big && !zero ? std::string("more than 2^64") : std::to_string(bytes),
                              " bytes, its data_offsets span ", t.end - t.begin);
     }
@@ -135,24 +142,19 @@ Status SafetensorsFile::parse(const uint8_t* data, size_t size, SafetensorsFile*
 }
 
 Status SafetensorsFile::open(const std::string& path, SafetensorsFile* out) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return InvalidArgument("safetensors: cannot open '", path, "'");
-  const std::streamsize size = in.tellg();
-  if (size < 0) return InvalidArgument("safetensors: cannot size '", path, "'");
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  in.seekg(0);
-  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
-    return InvalidArgument("safetensors: cannot read '", path, "'");
-  }
-  SafetensorsFile f;
-  const Status s = parse(bytes.data(), bytes.size(), &f);
-  if (!s.ok()) return InvalidArgument(path, ": ", s.message());
-  // The data section pointer moves with the vector's buffer (std::move keeps the allocation).
-  const size_t data_at = size_t(f.data_ - bytes.data());
-  f.owned_ = std::move(bytes);
-  f.data_ = f.owned_.data() + data_at;
-  *out = std::move(f);
-  return Status::Ok();
+  return no_throw("safetensors: " + path, [&]() -> Status {
+    std::vector<uint8_t> bytes;
+    MOEKIT_RETURN_IF_ERROR(read_regular_file("safetensors", path, kNoSizeCap, &bytes));
+    SafetensorsFile f;
+    const Status s = parse(bytes.data(), bytes.size(), &f);
+    if (!s.ok()) return Status(s.code(), path + ": " + s.message());
+    // The data section pointer moves with the vector's buffer (std::move keeps the allocation).
+    const size_t data_at = size_t(f.data_ - bytes.data());
+    f.owned_ = std::move(bytes);
+    f.data_ = f.owned_.data() + data_at;
+    *out = std::move(f);
+    return Status::Ok();
+  });
 }
 
 const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {

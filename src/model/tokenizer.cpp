@@ -4,11 +4,11 @@
 #include "moekit/model/tokenizer.h"
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <limits>
 
 #include <nlohmann/json.hpp>
+
+#include "model/model_io.h"
 
 namespace moekit::model {
 
@@ -63,7 +63,8 @@ Status special_id(const nlohmann::json& specials, const char* name, size_t vocab
   const auto it = specials.find(name);
   if (it == specials.end()) return InvalidArgument("tokenizer: special_tokens has no '", name, "'");
   if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= int64_t(vocab)) {
-    return InvalidArgument("tokenizer: special_tokens.", name, " must be an id in [0, ", vocab, "), got ", it->dump());
+    return InvalidArgument("tokenizer: special_tokens.", name, " must be an id in [0, ", vocab, "), got ",
+                           short_dump(*it));
   }
   *out = int32_t(it->get<int64_t>());
   return Status::Ok();
@@ -72,20 +73,26 @@ Status special_id(const nlohmann::json& specials, const char* name, size_t vocab
 }  // namespace
 
 Status Tokenizer::parse(const std::string& json_text, Tokenizer* out) {
+  return no_throw("tokenizer", [&]() -> Status { return parse_checked(json_text, out); });
+}
+
+Status Tokenizer::parse_checked(const std::string& json_text, Tokenizer* out) {
+  MOEKIT_RETURN_IF_ERROR(check_json_depth("tokenizer", json_text.data(), json_text.size()));
   const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("tokenizer: the ", json_text.size(), "-byte text is not valid JSON");
   if (!j.is_object()) return InvalidArgument("tokenizer: the file must be a JSON object, got ", j.type_name());
   const auto type = j.find("type");
   if (type == j.end() || !type->is_string() || type->get<std::string>() != "moekit-char") {
-    return InvalidArgument("tokenizer: type must be \"moekit-char\", got ", type == j.end() ? "nothing" : type->dump());
+    return InvalidArgument("tokenizer: type must be \"moekit-char\", got ",
+                           type == j.end() ? "nothing" : short_dump(*type));
   }
   const auto version = j.find("version");
   if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != 1) {
-    return InvalidArgument("tokenizer: version must be 1, got ", version == j.end() ? "nothing" : version->dump());
+    return InvalidArgument("tokenizer: version must be 1, got ", version == j.end() ? "nothing" : short_dump(*version));
   }
   const auto unknown = j.find("unknown");
   if (unknown != j.end() && !(unknown->is_string() && unknown->get<std::string>() == "error")) {
-    return InvalidArgument("tokenizer: unknown must be \"error\" (the only policy), got ", unknown->dump());
+    return InvalidArgument("tokenizer: unknown must be \"error\" (the only policy), got ", short_dump(*unknown));
   }
   const auto vocab = j.find("vocab");
   if (vocab == j.end() || !vocab->is_array() || vocab->empty()) {
@@ -117,13 +124,13 @@ Status Tokenizer::parse(const std::string& json_text, Tokenizer* out) {
     uint32_t cp = 0;
     size_t len = 0;
     if (s.empty() || !next_code_point(s, 0, &cp, &len) || len != s.size()) {
-      return InvalidArgument("tokenizer: vocab[", i, "] must be exactly one character, got ", v.dump());
+      return InvalidArgument("tokenizer: vocab[", i, "] must be exactly one character, got ", short_dump(v));
     }
     int32_t* slot = cp < 128 ? &t.ascii_[cp] : nullptr;
     const auto found = t.non_ascii_.find(cp);
     const int32_t previous = slot ? *slot : (found == t.non_ascii_.end() ? -1 : found->second);
     if (previous >= 0) {
-      return InvalidArgument("tokenizer: vocab[", i, "] ", v.dump(), " (", code_point_name(cp), ") duplicates vocab[",
+      return InvalidArgument("tokenizer: vocab[", i, "] ", short_dump(v), " (", code_point_name(cp), ") duplicates vocab[",
                              previous, "]");
     }
     if (slot) {
@@ -137,16 +144,18 @@ Status Tokenizer::parse(const std::string& json_text, Tokenizer* out) {
 }
 
 Status Tokenizer::load(const std::string& path, Tokenizer* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument("tokenizer: cannot open '", path, "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return InvalidArgument("tokenizer: cannot read '", path, "'");
+  std::string text;
+  MOEKIT_RETURN_IF_ERROR(read_regular_file("tokenizer", path, kMaxJsonFileBytes, &text));
   const Status s = parse(text, out);
-  if (!s.ok()) return InvalidArgument(path, ": ", s.message());
+  if (!s.ok()) return Status(s.code(), path + ": " + s.message());
   return Status::Ok();
 }
 
 Status Tokenizer::encode(const std::string& text, std::vector<int32_t>* ids) const {
+  return no_throw("tokenizer: encode", [&]() -> Status { return encode_checked(text, ids); });
+}
+
+Status Tokenizer::encode_checked(const std::string& text, std::vector<int32_t>* ids) const {
   if (ids == nullptr) return InvalidArgument("tokenizer: ids must not be null");
   std::vector<int32_t> result;
   result.reserve(text.size());
@@ -174,6 +183,10 @@ Status Tokenizer::encode(const std::string& text, std::vector<int32_t>* ids) con
 }
 
 Status Tokenizer::decode(const std::vector<int32_t>& ids, std::string* text) const {
+  return no_throw("tokenizer: decode", [&]() -> Status { return decode_checked(ids, text); });
+}
+
+Status Tokenizer::decode_checked(const std::vector<int32_t>& ids, std::string* text) const {
   if (text == nullptr) return InvalidArgument("tokenizer: text must not be null");
   std::string result;
   for (size_t i = 0; i < ids.size(); ++i) {

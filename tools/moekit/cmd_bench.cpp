@@ -332,8 +332,10 @@ int run_bench(const BenchArgs& a) {
       break;
     }
   }
-  if (!s.ok()) return report_error("bench", s);
   if (problems.tokens.empty()) problems.tokens = {1, 8, 64, 512};
+  // Before anything is allocated (the host measurement included): the largest problem must fit.
+  if (s.ok()) s = check_memory_budget(ops, backends, problems, problems.tokens, /*bench=*/true);
+  if (!s.ok()) return report_error("bench", s);
   if (explicit_backend) {
     const Status av = registry().backend_available(backends.front());
     if (!av.ok()) {

@@ -71,6 +71,9 @@ int run_check(const CheckArgs& a) {
   Status s = parse_op_selection(a.op, &ops);
   if (s.ok()) s = parse_backend_selection(a.backend, &backends, &explicit_backend);
   if (s.ok()) s = parse_problem_set(a.shape, 0, &problems);
+  // Before anything is allocated: the largest case must fit in this machine's memory (the hooks'
+  // default token counts go up to 64).
+  if (s.ok()) s = check_memory_budget(ops, backends, problems, {64}, /*bench=*/false);
   if (!s.ok()) return report_error("check", s);
 
   // An explicitly requested backend that cannot run here is a failure (exit 1), not a silent pass:

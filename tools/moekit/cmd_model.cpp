@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "moekit/model/runner.h"
 #include "moekit/model/safetensors.h"
 #include "moekit/moekit.h"
+#include "model/model_io.h"
 #include "commands.h"
 
 namespace moekit::cli {
@@ -62,19 +62,23 @@ Status parse_schemes(const std::string& text, std::vector<ModelScheme>* out) {
 }
 
 // --model: comma-separated model folders; a folder without config.json stands for its subfolders
-// that have one (sorted).
+// that have one (sorted). Filesystem errors are messages, never exceptions (error_code overloads).
 Status model_dirs(const std::string& text, std::vector<std::string>* out) {
   out->clear();
   for (const std::string& d : split_commas(text)) {
-    if (fs::exists(fs::path(d) / "config.json")) {
+    std::error_code ec;
+    if (fs::exists(fs::path(d) / "config.json", ec)) {
       out->push_back(d);
       continue;
     }
-    if (!fs::is_directory(d)) return InvalidArgument("--model: '", d, "' is not a folder");
+    if (!fs::is_directory(d, ec)) return InvalidArgument("--model: '", d, "' is not a folder");
     std::vector<std::string> sub;
-    for (const auto& e : fs::directory_iterator(d)) {
-      if (e.is_directory() && fs::exists(e.path() / "config.json")) sub.push_back(e.path().string());
+    fs::directory_iterator it(d, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      std::error_code e2;
+      if (it->is_directory(e2) && fs::exists(it->path() / "config.json", e2)) sub.push_back(it->path().string());
     }
+    if (ec) return InvalidArgument("--model: cannot list '", d, "': ", ec.message());
     if (sub.empty()) return InvalidArgument("--model: '", d, "' has no model folder (config.json) in it");
     std::sort(sub.begin(), sub.end());
     out->insert(out->end(), sub.begin(), sub.end());
@@ -88,18 +92,29 @@ struct Problem {
   int64_t answer = 0;
 };
 
+// The test problems JSONL (docs/models.md section 1): read whole through the model loaders' helper
+// (a regular file of at most kMaxDataBytes; a directory or FIFO is refused before it is opened),
+// each line's nesting bounded before it is parsed.
+constexpr uint64_t kMaxDataBytes = uint64_t(256) << 20;  // 256 MiB: ~1 M problems; the test split is 150 kB
+
 Status read_problems(const std::string& path, int64_t limit, std::vector<Problem>* out) {
-  std::ifstream f(path);
-  if (!f) return InvalidArgument("--data: cannot open '", path, "'");
-  std::string line;
+  std::string text;
+  MOEKIT_RETURN_IF_ERROR(model::read_regular_file("--data", path, kMaxDataBytes, &text));
   int64_t n = 0;
-  while (std::getline(f, line) && (limit < 0 || int64_t(out->size()) < limit)) {
+  for (size_t at = 0; at < text.size() && (limit < 0 || int64_t(out->size()) < limit);) {
+    const size_t nl = text.find('\n', at);
+    const size_t end = nl == std::string::npos ? text.size() : nl;
+    const char* line = text.data() + at;
+    const size_t len = end - at;
+    at = end + 1;
     ++n;
-    if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() ||
+    if (len == 0 || (len == 1 && line[0] == '\r')) continue;
+    const bool shallow = model::check_json_depth("--data", line, len).ok();
+    const nlohmann::json j = shallow ? nlohmann::json::parse(line, line + len, nullptr, false) : nlohmann::json();
+    if (!shallow || j.is_discarded() || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() ||
         !j.contains("answer") || !j["answer"].is_number_integer()) {
-      return InvalidArgument("--data: line ", n, " of '", path, "' is not a {prompt, answer} JSON object");
+      return InvalidArgument("--data: line ", n, " of '", path, "' is not a {prompt, answer} JSON object",
+                             shallow ? "" : " (nested deeper than 64 levels)");
     }
     out->push_back({j["prompt"].get<std::string>(), j["answer"].get<int64_t>()});
   }
@@ -262,7 +277,8 @@ int run_eval(const EvalArgs& a) {
         const double se = n > 1 ? std::sqrt(acc * (1.0 - acc) / double(n - 1)) : 0.0;
         double top1 = -1.0, diff = -1.0;
         int64_t nref = 0;
-        if (fs::exists(fs::path(dir) / "reference_logits.safetensors")) {
+        std::error_code ec;
+        if (fs::exists(fs::path(dir) / "reference_logits.safetensors", ec)) {
           s = logit_agreement(*m, dir, limit, &top1, &diff, &nref);
           if (!s.ok()) return report_error("eval", s);
         }

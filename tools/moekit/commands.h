@@ -19,7 +19,7 @@ namespace moekit::cli {
 // Exit codes (docs/cli.md, "Exit codes"). Stable: scripts depend on them.
 constexpr int kExitOk = 0;        // everything ran and passed
 constexpr int kExitFailure = 1;   // a mismatch, a kernel error, an unavailable requested backend, nothing ran
-constexpr int kExitUsage = 2;     // bad arguments (unknown flag/value, inconsistent shape)
+constexpr int kExitUsage = 2;     // bad arguments (unknown flag/value, inconsistent shape, too large for the machine)
 
 // ---------------------------------------------------------------- raw flags (as typed)
 // The shape / problem flags shared by `check` and `bench`; empty string = flag not given.
@@ -115,6 +115,17 @@ Status parse_backend_selection(const std::string& text, std::vector<Backend>* ou
 
 // Registered kernels of `op` on `backend`, in registry order.
 std::vector<const Kernel*> kernels_of(OpKind op, Backend backend);
+
+// budget.cpp: memory this machine can still give the process (bytes): /proc/meminfo MemAvailable,
+// bounded by the cgroup v2 limit and the address-space rlimit; *source says which one applied.
+double host_memory_available(std::string* source);
+// Estimates the host (and cuda device) memory of every (op, request, token count, backend) the
+// command would run and returns OutOfMemory naming the largest case and both numbers ("--tokens
+// 4194304: fused_moe on cpu, mixtral-small (...) needs about 231.9 GB of host memory, this machine
+// has 22.1 GB available (MemAvailable in /proc/meminfo)") when it cannot fit. `default_tokens`
+// stand in for an empty problems.tokens. Allocates nothing of the problem's size.
+Status check_memory_budget(const std::vector<OpKind>& ops, const std::vector<Backend>& backends,
+                           const ProblemSet& problems, const std::vector<int64_t>& default_tokens, bool bench);
 
 // Prints "moekit <cmd>: <message>" on stderr and returns kExitUsage (invalid_argument,
 // out_of_memory) or kExitFailure (anything else).

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "commands.h"
 
@@ -130,6 +131,12 @@ int main(int argc, char** argv) {
     if (bench_cmd->parsed()) return run_bench(bench);
     if (run_cmd->parsed()) return run_model(run);
     if (eval_cmd->parsed()) return run_eval(eval);
+  } catch (const std::bad_alloc& e) {
+    // A request too large for the machine that the memory budget (budget.cpp) did not foresee:
+    // the caller's to make smaller, like a bad argument (exit 2), not a bug.
+    std::fprintf(stderr, "moekit: out of memory (%s): the request needs more host memory than this machine has\n",
+                 e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moekit: internal error: %s\n", e.what());
     return kExitFailure;

@@ -64,8 +64,12 @@ struct RunnerOptions {
 class MoeModel {
  public:
   // Loads models/<name>/ (config.json, model.safetensors, tokenizer.json): every tensor checked for
-  // name, dtype and shape; the experts stacked as fused_moe wants them ([E, 2I, H] gate rows then up
-  // rows, [E, H, I]) and quantized per the scheme.
+  // name, dtype and shape, and a tensor the config does not use (e.g. a config with fewer layers
+  // than the checkpoint) is an InvalidArgument naming it; the experts stacked as fused_moe wants
+  // them ([E, 2I, H] gate rows then up rows, [E, H, I]) and quantized per the scheme. An empty
+  // `dir`, a file that is not a regular file, a JSON file over 64 MiB or nested deeper than 64 levels
+  // are InvalidArguments naming the path; a model the machine cannot hold is OutOfMemory.
+  // Nothing here (nor logits / generate) throws.
   static Status load(const std::string& dir, const RunnerOptions& opts, std::unique_ptr<MoeModel>* out);
   ~MoeModel();
 
@@ -85,6 +89,8 @@ class MoeModel {
  private:
   struct Impl;
   explicit MoeModel(std::unique_ptr<Impl> impl);
+  Status generate_checked(const std::vector<std::vector<int32_t>>& prompts, int max_new, int batch,
+                          std::vector<std::vector<int32_t>>* out, const std::function<void(size_t, size_t)>& progress);
   std::unique_ptr<Impl> impl_;
 };
 

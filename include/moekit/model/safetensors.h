@@ -8,7 +8,11 @@
 //   - shape x element size == end - begin, computed without overflow;
 //   - the tensors' byte ranges, sorted by begin, tile the data section exactly (no gap, no
 //     overlap, nothing past its end, nothing left over);
-//   - "__metadata__" maps strings to strings.
+//   - "__metadata__" maps strings to strings;
+//   - the header's arrays and objects nest at most 64 deep (checked before the JSON is parsed).
+// open() reads only a regular file (links followed): a directory, FIFO or device is an
+// InvalidArgument before anything is opened for reading; a file the machine cannot hold is
+// OutOfMemory. Nothing throws.
 // Tests: tests/test_safetensors.cpp (suite Safetensors); fuzzed by tests/fuzz/fuzz_safetensors.cpp
 // (libFuzzer, -DMOEKIT_FUZZ=ON with clang).
 #pragma once
@@ -50,6 +54,8 @@ class SafetensorsFile {
   Status view(const SafetensorsTensor& t, TensorView* out) const;
 
  private:
+  static Status parse_checked(const uint8_t* data, size_t size, SafetensorsFile* out);  // parse() minus the catch
+
   std::vector<uint8_t> owned_;
   const uint8_t* data_ = nullptr;  // the data section
   std::vector<SafetensorsTensor> tensors_;

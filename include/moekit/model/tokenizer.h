@@ -13,7 +13,9 @@
 //   (U+XXXX) and its byte offset: "unknown": "error" is the only policy (the key may be omitted).
 // - decode() concatenates the entries; special tokens decode to nothing; an id outside
 //   [0, vocab_size) is an InvalidArgument naming it and its position.
-// Outputs are written only on success. Unknown top-level keys are ignored.
+// Outputs are written only on success. Unknown top-level keys are ignored. JSON nested deeper than
+// 64 levels is refused before it is parsed; load() reads only a regular file (links followed) of at
+// most 64 MiB. Nothing throws: a failed allocation is OutOfMemory.
 // Tests: tests/test_tokenizer.cpp (suite Tokenizer), which also checks the ids the Python tokenizer
 // gives (tests/data/tokenizer_golden.json).
 #pragma once
@@ -52,6 +54,11 @@ class Tokenizer {
   const std::string& token(int32_t id) const { return vocab_[size_t(id)]; }
 
  private:
+  // The public entry points minus their catch (src/model/model_io.h no_throw).
+  static Status parse_checked(const std::string& json_text, Tokenizer* out);
+  Status encode_checked(const std::string& text, std::vector<int32_t>* ids) const;
+  Status decode_checked(const std::vector<int32_t>& ids, std::string* text) const;
+
   std::vector<std::string> vocab_;
   int32_t pad_id_ = -1, bos_id_ = -1, eos_id_ = -1;
   std::array<int32_t, 128> ascii_;                    // id of each ASCII code point, -1 if absent
