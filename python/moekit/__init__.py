@@ -7,8 +7,10 @@
 Functions: moekit.api (fused_topk, grouped_topk, sigmoid_topk, fused_experts, shuffle_weight,
 unshuffle_weight, quantize_fp8, convert_fp8_fnuz_to_fn, sort_tokens); the raw ops:
 torch.ops.moekit.* (schemas in csrc/torch/schemas.cpp); the MoE layer: moekit.MoELayer
-(moekit.layer). MOEKIT_USE_FUSED_MOE=0 (read once, at import) routes every function to its
-pure-torch twin in moekit.reference. docs/python.md has the details.
+(moekit.layer); transformers' experts implementation "moekit" (moekit.hf, registered here when
+transformers is installed: from_pretrained(..., experts_implementation="moekit")).
+MOEKIT_USE_FUSED_MOE=0 (read once, at import) routes every function to its pure-torch twin in
+moekit.reference. docs/python.md has the details.
 """
 
 import torch as _torch
@@ -22,6 +24,10 @@ __all__ = list(_api_all) + ["MoELayer", "ops"]
 
 #: The raw ops (torch.ops.moekit), present when the extension is loaded.
 ops = _torch.ops.moekit if _ops.loaded else None
+
+from . import hf  # noqa: E402  (after the ops: hf's forwards call them)
+
+hf.register_if_installed()
 
 
 def __getattr__(name):

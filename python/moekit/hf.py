@@ -1,0 +1,254 @@
+"""moekit as a Hugging Face transformers experts implementation (transformers >= 5.17).
+
+transformers 5.x resolves every MoE layer's experts through `ExpertsInterface` (and, for fp8
+checkpoints, `FP8ExpertsInterface`) by the name in `config._experts_implementation`. `register()`
+adds "moekit" to both, so that
+
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moekit")
+    model.set_experts_implementation("moekit")        # or switch a loaded model
+
+runs the experts of every layer through moekit.fused_experts, with no change to model code.
+`import moekit` calls register() when transformers is installed (MOEKIT_REGISTER_TRANSFORMERS=0
+skips it). Model classes whose experts do not go through the interface (Llama-4's text MoE) take
+the one-call module swap `swap_moe_blocks(model)` (moekit.MoELayer.from_hf_block per block).
+
+What the experts forward does with the module's layout (use_experts_implementation flags):
+  gate_up_proj [E, 2I, H] (gate rows, then up rows)  used as w1 without a copy
+  is_transposed ([E, H, 2I] / [E, I, H])             transposed once, cached per module
+  is_concatenated False (gate, up rows interleaved)   de-interleaved once, cached per module
+  has_gate False (up_proj only)                      the g1u0 form: act(up)
+  expert-parallel sentinel ids (>= num_experts)      skipped (-1)
+Refused with NotImplementedError naming the feature: expert biases, post-expert norms, a custom
+_apply_gate (clamped / soft-capped SwiGLU), static fp8 activation scales, fp4 experts. With
+gradients needed (training) the call falls back to transformers' own grouped_mm path, which has
+autograd: moekit's ops have no backward, and a silent wrong gradient is never an option.
+Tests: tests/python/test_hf_experts.py. Docs: docs/python.md ("transformers").
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .api import fused_experts
+
+NAME = "moekit"
+#: transformers versions the parity tests ran against (tests/python/test_hf_experts.py).
+TESTED_TRANSFORMERS = ((5, 17), (5, 24))
+
+_registered = False
+
+
+def _version_tuple(v: str) -> Tuple[int, int]:
+    parts = v.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def register() -> None:
+    """Adds "moekit" to transformers' ExpertsInterface and FP8ExpertsInterface (idempotent).
+    ImportError when transformers has no experts interface (transformers < 5)."""
+    global _registered
+    if _registered:
+        return
+    import transformers
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as e:
+        raise ImportError(f"moekit.hf: transformers {transformers.__version__} has no ExpertsInterface "
+                          "(transformers >= 5.17 needed)") from e
+    v = _version_tuple(transformers.__version__)
+    if not (TESTED_TRANSFORMERS[0] <= v <= TESTED_TRANSFORMERS[1]):
+        warnings.warn(f"moekit.hf: transformers {transformers.__version__} is outside the tested range "
+                      f"{'.'.join(map(str, TESTED_TRANSFORMERS[0]))}..{'.'.join(map(str, TESTED_TRANSFORMERS[1]))}",
+                      stacklevel=2)
+    ExpertsInterface.register(NAME, experts_forward)
+    try:
+        from transformers.integrations.finegrained_fp8 import FP8ExpertsInterface
+    except ImportError:
+        FP8ExpertsInterface = None
+    if FP8ExpertsInterface is not None:
+        FP8ExpertsInterface.register(NAME, fp8_experts_forward)
+    _registered = True
+
+
+def register_if_installed() -> None:
+    """register() where transformers is installed and MOEKIT_REGISTER_TRANSFORMERS is not 0; a
+    transformers without the interface is left alone (register() says why when called)."""
+    if os.environ.get("MOEKIT_REGISTER_TRANSFORMERS", "1") == "0":
+        return
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:
+        return
+    try:
+        register()
+    except ImportError:
+        pass
+
+
+# ------------------------------------------------------------------------------ the forwards
+def _refuse(module: nn.Module) -> None:
+    """NotImplementedError naming the first feature of `module` that moekit's kernels lack."""
+    from transformers.integrations import moe as hf_moe
+    kind = type(module).__name__
+    if getattr(module, "has_bias", False):
+        raise NotImplementedError(f"moekit experts: {kind} has expert biases (has_bias), which moekit does not support")
+    if getattr(module, "has_post_expert_norm", False):
+        raise NotImplementedError(f"moekit experts: {kind} has a post-expert norm, which moekit does not support")
+    gate = getattr(type(module), "_apply_gate", hf_moe._default_apply_gate)
+    if getattr(module, "has_gate", True) and gate is not hf_moe._default_apply_gate:
+        # FP8Experts defines its own _apply_gate; it is act(gate) * up unless one of these is set.
+        fancy = [a for a in ("swiglu_alpha", "swiglu_limit", "gate_softcap", "up_softcap", "limit")
+                 if getattr(module, a, None) is not None]
+        if fancy or not _is_fp8_experts(module):
+            what = ", ".join(fancy) if fancy else f"{type(module).__qualname__}._apply_gate"
+            raise NotImplementedError(f"moekit experts: {kind} uses a custom gate ({what}: e.g. a clamped or "
+                                      "soft-capped SwiGLU); moekit computes act(gate) * up only")
+
+
+def _is_fp8_experts(module: nn.Module) -> bool:
+    return any(c.__name__ == "FP8Experts" for c in type(module).__mro__)
+
+
+def _activation(module: nn.Module) -> str:
+    from .layer import activation_of
+    try:
+        return activation_of(module.act_fn)
+    except ValueError as e:
+        raise NotImplementedError(f"moekit experts: {type(module).__name__}: {e}") from None
+
+
+def _needs_grad(module: nn.Module, *tensors: torch.Tensor) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+def _fallback(module, hidden_states, top_k_index, top_k_weights, fp8: bool):
+    """transformers' own grouped_mm experts (it has autograd), for calls that need gradients."""
+    warnings.warn("moekit experts: gradients are needed (training); this call runs transformers' grouped_mm "
+                  "experts instead (moekit's ops have no backward)", stacklevel=3)
+    if fp8:
+        from transformers.integrations.finegrained_fp8 import fp8_grouped_mm_experts_forward as fwd
+    else:
+        from transformers.integrations.moe import grouped_mm_experts_forward as fwd
+    return fwd(module, hidden_states, top_k_index, top_k_weights)
+
+
+def _weight_key(*ts: torch.Tensor):
+    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device) for t in ts)
+
+
+def _plain(module: nn.Module, gate_up: torch.Tensor, down: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(w1 [E, N, H], w2 [E, H, I]) in moekit's layout: the module's own tensors where they already
+    are (no copy), else a transposed / de-interleaved copy made once and kept on the module until
+    its weights change (a new tensor or an in-place update)."""
+    transposed = getattr(module, "is_transposed", False)
+    interleaved = not getattr(module, "is_concatenated", True) and getattr(module, "has_gate", True)
+    if not transposed and not interleaved and gate_up.is_contiguous() and down.is_contiguous():
+        return gate_up, down
+    key = _weight_key(gate_up, down)
+    cached = getattr(module, "_moekit_weights", None)
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2]
+    w1, w2 = gate_up, down
+    if transposed:
+        w1, w2 = w1.transpose(1, 2), w2.transpose(1, 2)
+    if interleaved:  # rows gate0, up0, gate1, up1, ... -> gate rows, then up rows
+        w1 = torch.cat([w1[:, 0::2], w1[:, 1::2]], dim=1)
+    w1, w2 = w1.contiguous(), w2.contiguous()
+    module._moekit_weights = (key, w1, w2)
+    return w1, w2
+
+
+def _ids(module: nn.Module, top_k_index: torch.Tensor) -> torch.Tensor:
+    """Expert-parallel sentinels (ids >= the local expert count) become -1: moekit skips them."""
+    if getattr(module, "_is_expert_parallel", False):
+        return torch.where(top_k_index >= module.num_experts, torch.full_like(top_k_index, -1), top_k_index)
+    return top_k_index
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """ExpertsInterface entry: hidden_states [T, H], top_k_index / top_k_weights [T, k] -> [T, H]."""
+    _refuse(self)
+    if _needs_grad(self, hidden_states, top_k_weights):
+        return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=False)
+    gate_up = (self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj).detach()
+    w1, w2 = _plain(self, gate_up, self.down_proj.detach())
+    x = hidden_states if hidden_states.dtype == w1.dtype else hidden_states.to(w1.dtype)
+    out = fused_experts(x, w1, w2, top_k_weights, _ids(self, top_k_index), activation=_activation(self))
+    return out.to(hidden_states.dtype)
+
+
+def _fp8_scales(module: nn.Module, w1: torch.Tensor, s1: torch.Tensor, w2: torch.Tensor,
+                s2: torch.Tensor) -> Tuple[Optional[Tuple[int, int]], torch.Tensor, torch.Tensor]:
+    """(block_shape or None for per-tensor, w1_scale, w2_scale) in moekit's form, f32."""
+    block = getattr(module, "block_size", None)
+    s1, s2 = s1.detach().float(), s2.detach().float()
+    if block is None:
+        if s1[0].numel() != 1 or s2[0].numel() != 1:
+            raise NotImplementedError(f"moekit experts: fp8 scales of shape {list(s1.shape)} without a block size")
+        return None, s1.reshape(-1).contiguous(), s2.reshape(-1).contiguous()
+    bn, bk = int(block[0]), int(block[1])
+    E, N, H = w1.shape
+    want = (E, -(-N // bn), -(-H // bk))
+    if tuple(s1.shape) != want:
+        # transformers keeps >= 2 scale rows for gate_up (one per half) even when 2I < bn.
+        raise NotImplementedError(f"moekit experts: w1 block scales {list(s1.shape)} are not [E, ceil(2I/{bn}), "
+                                  f"ceil(H/{bk})] = {list(want)} (2I < block size)")
+    return (bn, bk), s1.contiguous(), s2.contiguous()
+
+
+def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """FP8ExpertsInterface entry: fp8 e4m3 experts with block (or per-tensor) scales, activations
+    quantized dynamically (per 1 x block_k group, or per token), as transformers' fp8 path does."""
+    _refuse(self)
+    if getattr(self, "activation_scheme", "dynamic") != "dynamic":
+        raise NotImplementedError("moekit experts: fp8 activation_scheme='static' is not supported (dynamic only)")
+    gated = getattr(self, "has_gate", True)
+    w1 = self.gate_up_proj if gated else self.up_proj
+    s1 = self.gate_up_proj_scale_inv if gated else self.up_proj_scale_inv
+    if w1.dtype != torch.float8_e4m3fn:
+        raise NotImplementedError(f"moekit experts: expert weights of dtype {w1.dtype} (fp8 e4m3fn only; no fp4)")
+    if _needs_grad(self, hidden_states, top_k_weights):
+        return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=True)
+    block, w1_scale, w2_scale = _fp8_scales(self, w1, s1, self.down_proj, self.down_proj_scale_inv)
+    x = hidden_states if hidden_states.dtype in (torch.bfloat16, torch.float16) else hidden_states.to(torch.bfloat16)
+    out = fused_experts(x, w1.detach(), self.down_proj.detach(), top_k_weights, _ids(self, top_k_index),
+                        activation=_activation(self), use_fp8_w8a8=True, block_shape=block, w1_scale=w1_scale,
+                        w2_scale=w2_scale)
+    return out.to(hidden_states.dtype)
+
+
+# ------------------------------------------------------------------- module swap (Llama-4)
+def swap_moe_blocks(model: nn.Module, quant: Optional[str] = None) -> int:
+    """Replaces every MoE block that moekit.MoELayer.from_hf_block knows (Llama-4's Llama4TextMoe,
+    Mixtral, Qwen3-MoE, DeepSeek-V3) by a MoELayer holding the same weights; returns how many.
+    For model classes whose experts do not go through transformers' ExpertsInterface."""
+    from .layer import _HF_BLOCKS, MoELayer
+    swaps = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
+    for name, block in swaps:
+        layer = MoELayer.from_hf_block(block, quant=quant)
+        if type(block).__name__ == "Llama4TextMoe":
+            layer = _Llama4Output(layer)
+        model.set_submodule(name, layer)
+    return len(swaps)
+
+
+class _Llama4Output(nn.Module):
+    """Llama4TextMoe returns (out, router_logits) with out [T, H]; MoELayer returns out only."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden_states: torch.Tensor):
+        shape = hidden_states.shape
+        flat = hidden_states.reshape(-1, shape[-1])
+        logits, _, _ = self.layer.route(flat)
+        return self.layer(flat), logits
