@@ -11,6 +11,7 @@
 #   BUILD_ISOLATION=0  pip install --no-build-isolation --no-deps: for machines without network
 #                      whose Python already holds torch and scikit-build-core (the GPU image)
 #   TORCH_SPEC=torch   what `pip install` gets when torch is missing (e.g. "torch==2.15.0")
+#   TRANSFORMERS_SPEC=transformers==5.24.0   installed when missing or (in a venv) another version
 #   MOEKIT_CUDA=OFF    build the CPU backends only even where nvcc and a CUDA torch exist
 #                      (default AUTO: the CUDA backend too when both are present)
 #   CMAKE_BUILD_PARALLEL_LEVEL=N   build jobs (default: all cores)
@@ -42,8 +43,10 @@ if ! "$PY" -c "import pytest" 2>/dev/null; then
   step "pip install pytest" "$PY" -m pip install -q pytest
 fi
 # transformers: the MoE blocks tests/python/test_layer_hf.py compares MoELayer with.
-if ! "$PY" -c "import transformers" 2>/dev/null; then
-  step "pip install transformers" "$PY" -m pip install -q transformers
+# The pinned version is the one moekit.hf's parity tests ran against (TESTED_TRANSFORMERS).
+TRANSFORMERS_SPEC=${TRANSFORMERS_SPEC:-transformers==5.24.0}
+if ! "$PY" -c "import transformers" 2>/dev/null || [[ $VENV != none && $("$PY" -c "import transformers; print(transformers.__version__)") != "${TRANSFORMERS_SPEC#transformers==}" && $TRANSFORMERS_SPEC == transformers==* ]]; then
+  step "pip install $TRANSFORMERS_SPEC" "$PY" -m pip install -q "$TRANSFORMERS_SPEC"
 fi
 step "pip install . (libmoekit + torch.ops.moekit)" "$PY" -m pip install -q ${PIP_FLAGS[@]+"${PIP_FLAGS[@]}"} .
 # `import moekit` finds the installed package: the sources live in python/moekit, not on sys.path.

@@ -20,6 +20,7 @@
 #include "cpu/thread_pool.h"
 #include "fused_moe_test_util.h"
 #include "moekit/ops/fused_moe.h"
+#include "moekit/threads.h"
 
 namespace moekit::cpu {
 namespace {
@@ -72,6 +73,30 @@ TEST(ThreadPool, ExceptionFromAWorkerReachesTheCallerAfterEveryRangeFinished) {
   }
   EXPECT_EQ(finished.load(), 3);  // the others ran to the end before run() returned
   EXPECT_EQ(threads_used(pool, 8), 4);
+}
+
+// set_active / moekit::set_num_threads: later jobs split over that many threads (clamped to the
+// pool's size), which the Python package uses to follow torch.get_num_threads().
+TEST(ThreadPool, ActiveThreadsSplitLaterJobs) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.active(), 4);
+  pool.set_active(2);
+  EXPECT_EQ(threads_used(pool, 100), 2);
+  pool.set_active(1);
+  EXPECT_EQ(threads_used(pool, 100), 1);
+  pool.set_active(9);
+  EXPECT_EQ(pool.active(), 4);
+  EXPECT_EQ(threads_used(pool, 100), 4);
+  pool.set_active(0);
+  EXPECT_EQ(pool.active(), 1);
+
+  const int max = moekit::max_num_threads();
+  ASSERT_TRUE(moekit::set_num_threads(1).ok());
+  EXPECT_EQ(moekit::num_threads(), 1);
+  EXPECT_EQ(num_threads(), 1);
+  EXPECT_EQ(moekit::set_num_threads(0).code(), StatusCode::invalid_argument);
+  ASSERT_TRUE(moekit::set_num_threads(max + 7).ok());
+  EXPECT_EQ(moekit::num_threads(), max);
 }
 
 // More threads than cores: the pool must not spin (spinners starve the threads with work) and

@@ -417,6 +417,17 @@ void register_impls(torch::Library& m) {
 
 TORCH_LIBRARY_IMPL(moekit, CPU, m) { moekit::torch_binding::register_impls(m); }
 
+// torch.ops.moekit.set_num_threads(n) / num_threads(): the CPU kernels' thread count
+// (moekit/threads.h). No tensors, so one catch-all kernel each; the Python package calls
+// set_num_threads to follow torch.get_num_threads() (python/moekit/api.py, _follow_torch_threads).
+TORCH_LIBRARY_FRAGMENT(moekit, m) {
+  m.def("set_num_threads(int n) -> ()", [](int64_t n) {
+    TORCH_CHECK_VALUE(n >= 1 && n <= (int64_t(1) << 30), "moekit.set_num_threads: n must be >= 1, got ", n);
+    moekit::torch_binding::throw_if_error(moekit::set_num_threads(static_cast<int>(n)), "set_num_threads");
+  });
+  m.def("num_threads() -> int", []() -> int64_t { return moekit::num_threads(); });
+}
+
 // torch.ops.moekit_testing.raise_status(code, message): raises what throw_if_error makes of a
 // Status with that StatusCode value, so tests/python can check the mapping of every code (the
 // library has no input that fails with out_of_memory or internal on demand). Not part of the API.

@@ -12,3 +12,4 @@
 #include "moekit/ops/routing.h"
 #include "moekit/ops/sorting.h"
 #include "moekit/registry.h"
+#include "moekit/threads.h"

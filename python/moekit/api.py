@@ -143,7 +143,24 @@ def _check_topk(topk: int, gating_output: torch.Tensor) -> int:
     return k
 
 
+# The CPU kernels' thread count follows torch.get_num_threads() unless MOEKIT_NUM_THREADS is set
+# (then the library keeps that). Checked per call (cheap), pushed to the library when it changes.
+_THREADS_FROM_ENV = bool(os.environ.get("MOEKIT_NUM_THREADS"))
+_threads_set = 0
+
+
+def _follow_torch_threads(t: torch.Tensor) -> None:
+    global _threads_set
+    if _THREADS_FROM_ENV or t.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    n = torch.get_num_threads()
+    if n != _threads_set and hasattr(torch.ops.moekit, "set_num_threads"):
+        torch.ops.moekit.set_num_threads(n)
+        _threads_set = n
+
+
 def _check_tokens(hidden_states: Optional[torch.Tensor], gating_output: torch.Tensor) -> None:
+    _follow_torch_threads(gating_output)
     _require(gating_output.dim() == 2, f"gating_output: must be 2-D [T, E], got shape {list(gating_output.shape)}")
     if hidden_states is not None:
         _require(hidden_states.shape[0] == gating_output.shape[0],
@@ -264,6 +281,7 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     topk_weights = _float_tensor(topk_weights, "topk_weights")
     if out is None:
         out = torch.empty_like(hidden_states)
+    _follow_torch_threads(hidden_states)
     bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
     torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
                                None, expert_map, activation, apply_router_weight_on_input, bn, bk)

@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "moekit/core/config.h"
+#include "moekit/threads.h"
 
 namespace moekit::cpu {
 
@@ -71,7 +72,8 @@ struct ThreadPool::State {
   // Range t of the current job; an exception is kept (the first one wins) instead of escaping a
   // worker (std::terminate) or skipping the caller's wait.
   void run_range(int t) {
-    const int64_t b = items * t / n, e = items * (t + 1) / n;
+    if (t >= parts) return;
+    const int64_t b = items * t / parts, e = items * (t + 1) / parts;
     if (b >= e) return;
     t_inside = true;
     try {
@@ -109,6 +111,8 @@ struct ThreadPool::State {
   std::condition_variable cv, done;
   const RangeFn* fn = nullptr;  // the job: written before generation is bumped, read after it is seen
   int64_t items = 0;
+  int parts = 1;                // ranges of the job: the active count when it started
+  std::atomic<int> active{1};
   std::exception_ptr error;     // the first exception a range of the current job threw
   std::atomic<uint64_t> generation{0};
   std::atomic<int> pending{0};  // workers still running the current job
@@ -118,6 +122,7 @@ struct ThreadPool::State {
 };
 
 ThreadPool::ThreadPool(int threads) : s_(std::make_unique<State>(threads < 1 ? 1 : threads)) {
+  s_->active.store(s_->n);
   for (int t = 1; t < s_->n; ++t) s_->workers.emplace_back([st = s_.get(), t] { st->loop(t); });
 }
 
@@ -132,18 +137,22 @@ ThreadPool::~ThreadPool() {
 }
 
 int ThreadPool::size() const { return s_->n; }
+int ThreadPool::active() const { return s_->active.load(); }
+void ThreadPool::set_active(int threads) { s_->active.store(threads < 1 ? 1 : (threads > s_->n ? s_->n : threads)); }
 bool ThreadPool::spins() const { return s_->spin.count() > 0; }
 std::mutex& ThreadPool::call_mutex() { return s_->call_mu; }
 
 void ThreadPool::run(int64_t n, const RangeFn& fn) {
   State& s = *s_;
-  if (s.n == 1 || n <= 1 || t_inside) {
+  const int parts = s.active.load();
+  if (parts == 1 || n <= 1 || t_inside) {
     fn(0, n);
     return;
   }
   std::lock_guard<std::mutex> call(s.call_mu);  // one parallel_for at a time
   s.fn = &fn;
   s.items = n;
+  s.parts = parts;
   s.error = nullptr;
   s.pending.store(s.n - 1);
   s.generation.fetch_add(1);  // publishes fn and items to the workers that see the new value
@@ -207,8 +216,22 @@ ThreadPool& pool() {
 
 }  // namespace
 
-int num_threads() { return pool().size(); }
+int num_threads() { return pool().active(); }
 
 void parallel_for(int64_t n, const RangeFn& fn) { pool().run(n, fn); }
 
 }  // namespace moekit::cpu
+
+namespace moekit {
+
+Status set_num_threads(int n) {
+  if (n < 1) return InvalidArgument("set_num_threads: n must be >= 1, got ", n);
+  cpu::pool().set_active(n);
+  return Status::Ok();
+}
+
+int num_threads() { return cpu::num_threads(); }
+
+int max_num_threads() { return cpu::pool().size(); }
+
+}  // namespace moekit

@@ -16,7 +16,7 @@ namespace moekit::cpu {
 
 using RangeFn = std::function<void(int64_t begin, int64_t end)>;
 
-int num_threads();
+int num_threads();  // the process pool's active threads (moekit/threads.h)
 void parallel_for(int64_t n, const RangeFn& fn);
 
 // parallel_for(n, fn) when `parallel`, else fn(0, n) on the calling thread: for calls too small to
@@ -38,6 +38,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const;
+  // Ranges a job is split into (threads that work on it): [1, size()], size() at first.
+  int active() const;
+  void set_active(int threads);  // clamped to [1, size()]; a job in flight keeps its split
   // Whether waiting threads spin before they sleep (only when the machine has a core for each).
   bool spins() const;
   void run(int64_t n, const RangeFn& fn);
