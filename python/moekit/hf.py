@@ -86,7 +86,9 @@ def register_if_installed() -> None:
     try:
         register()
     except ImportError:
-        pass
+        pass  # a transformers without the interface: register() says why when called
+    except Exception as e:  # a broken transformers install must not break `import moekit`
+        warnings.warn(f"moekit.hf: could not register with transformers: {type(e).__name__}: {e}", stacklevel=2)
 
 
 # ------------------------------------------------------------------------------ the forwards
