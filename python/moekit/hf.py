@@ -14,8 +14,8 @@ the one-call module swap `swap_moe_blocks(model)` (moekit.MoELayer.from_hf_block
 
 What the experts forward does with the module's layout (use_experts_implementation flags):
   gate_up_proj [E, 2I, H] (gate rows, then up rows)  used as w1 without a copy
-  is_transposed ([E, H, 2I] / [E, I, H])             transposed once, cached per module
-  is_concatenated False (gate, up rows interleaved)   de-interleaved once, cached per module
+  is_transposed ([E, H, 2I] / [E, I, H])             a transposed copy, made per call
+  is_concatenated False (gate, up rows interleaved)   a de-interleaved copy, made per call
   has_gate False (up_proj only)                      the g1u0 form: act(up)
   expert-parallel sentinel ids (>= num_experts)      skipped (-1)
 Refused with NotImplementedError naming the feature: expert biases, post-expert norms, a custom
@@ -117,8 +117,14 @@ def _is_fp8_experts(module: nn.Module) -> bool:
 
 def _activation(module: nn.Module) -> str:
     from .layer import activation_of
+    act = module.act_fn
+    # experts whose act_fn is a torch function, not a module (LFM2-MoE: F.silu)
+    if act is torch.nn.functional.silu:
+        return "silu"
+    if act is torch.nn.functional.gelu:
+        return "gelu"
     try:
-        return activation_of(module.act_fn)
+        return activation_of(act)
     except ValueError as e:
         raise NotImplementedError(f"moekit experts: {type(module).__name__}: {e}") from None
 
@@ -140,30 +146,21 @@ def _fallback(module, hidden_states, top_k_index, top_k_weights, fp8: bool):
     return fwd(module, hidden_states, top_k_index, top_k_weights)
 
 
-def _weight_key(*ts: torch.Tensor):
-    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device) for t in ts)
-
-
 def _plain(module: nn.Module, gate_up: torch.Tensor, down: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(w1 [E, N, H], w2 [E, H, I]) in moekit's layout: the module's own tensors where they already
-    are (no copy), else a transposed / de-interleaved copy made once and kept on the module until
-    its weights change (a new tensor or an in-place update)."""
+    are (no copy), else a transposed / de-interleaved copy made for this call. NOTE: not cached on
+    the module: an in-place update through param.data (weight loaders, PEFT merges) leaves the
+    version counter alone, so no cheap key can tell that a kept copy went stale."""
     transposed = getattr(module, "is_transposed", False)
     interleaved = not getattr(module, "is_concatenated", True) and getattr(module, "has_gate", True)
     if not transposed and not interleaved and gate_up.is_contiguous() and down.is_contiguous():
         return gate_up, down
-    key = _weight_key(gate_up, down)
-    cached = getattr(module, "_moekit_weights", None)
-    if cached is not None and cached[0] == key:
-        return cached[1], cached[2]
     w1, w2 = gate_up, down
     if transposed:
         w1, w2 = w1.transpose(1, 2), w2.transpose(1, 2)
     if interleaved:  # rows gate0, up0, gate1, up1, ... -> gate rows, then up rows
         w1 = torch.cat([w1[:, 0::2], w1[:, 1::2]], dim=1)
-    w1, w2 = w1.contiguous(), w2.contiguous()
-    module._moekit_weights = (key, w1, w2)
-    return w1, w2
+    return w1.contiguous(), w2.contiguous()
 
 
 def _ids(module: nn.Module, top_k_index: torch.Tensor) -> torch.Tensor:
@@ -177,12 +174,13 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """ExpertsInterface entry: hidden_states [T, H], top_k_index / top_k_weights [T, k] -> [T, H]."""
     _refuse(self)
+    activation = _activation(self)  # refused alike whether or not gradients are needed
     if _needs_grad(self, hidden_states, top_k_weights):
         return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=False)
     gate_up = (self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj).detach()
     w1, w2 = _plain(self, gate_up, self.down_proj.detach())
     x = hidden_states if hidden_states.dtype == w1.dtype else hidden_states.to(w1.dtype)
-    out = fused_experts(x, w1, w2, top_k_weights, _ids(self, top_k_index), activation=_activation(self))
+    out = fused_experts(x, w1, w2, top_k_weights, _ids(self, top_k_index), activation=activation)
     return out.to(hidden_states.dtype)
 
 
@@ -217,12 +215,13 @@ def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_inde
     s1 = self.gate_up_proj_scale_inv if gated else self.up_proj_scale_inv
     if w1.dtype != torch.float8_e4m3fn:
         raise NotImplementedError(f"moekit experts: expert weights of dtype {w1.dtype} (fp8 e4m3fn only; no fp4)")
+    activation = _activation(self)
+    block, w1_scale, w2_scale = _fp8_scales(self, w1, s1, self.down_proj, self.down_proj_scale_inv)
     if _needs_grad(self, hidden_states, top_k_weights):
         return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=True)
-    block, w1_scale, w2_scale = _fp8_scales(self, w1, s1, self.down_proj, self.down_proj_scale_inv)
     x = hidden_states if hidden_states.dtype in (torch.bfloat16, torch.float16) else hidden_states.to(torch.bfloat16)
     out = fused_experts(x, w1.detach(), self.down_proj.detach(), top_k_weights, _ids(self, top_k_index),
-                        activation=_activation(self), use_fp8_w8a8=True, block_shape=block, w1_scale=w1_scale,
+                        activation=activation, use_fp8_w8a8=True, block_shape=block, w1_scale=w1_scale,
                         w2_scale=w2_scale)
     return out.to(hidden_states.dtype)
 
