@@ -28,6 +28,7 @@ silently fell back to transformers' code fails. Run with -s to see the measured 
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 import warnings
@@ -213,6 +214,9 @@ def test_model_parity(model_type, moekit_calls):
     ref = logits(model, ids, "eager")
     assert not moekit_calls, "the eager run called moekit"
     got = logits(model, ids, "moekit")
+    if not moekit_calls and not experts_modules(model):
+        pytest.skip(f"transformers {transformers.__version__}: {type(model).__name__}'s experts do not go through "
+                    "the experts interface in this version")
     assert moekit_calls, f"{type(model).__name__}: set_experts_implementation('moekit') never reached moekit"
     f32 = rel_max(got, ref)
     assert f32 <= F32_REL, f"f32 logits: max |moekit - eager| / max |eager| = {f32:.3g}"
@@ -397,6 +401,8 @@ def test_refused_module(kind, match):
     if kind == "has_bias":
         cls = experts_class(has_bias=True)
     elif kind == "post_norm":
+        if "has_post_expert_norm" not in inspect.signature(hf_moe.use_experts_implementation).parameters:
+            pytest.skip(f"transformers {transformers.__version__} has no post-expert norms")
         cls = experts_class(has_post_expert_norm=True)
     elif kind == "apply_gate":
         cls = experts_class(act_gate=_clamped_gate)
@@ -476,10 +482,16 @@ def test_expert_parallel_sentinels(moekit_calls):
     assert bool((ids >= E).any()) and bool((ids < E).any())
     out = {impl: run_experts(module, impl, x, ids, w) for impl in ("moekit", "grouped_mm", "batched_mm")}
     assert len(moekit_calls) == 1
-    # eager takes id == E (its one_hot has E + 1 classes) as "skip"
-    out["eager"] = run_experts(module, "eager", x, ids.clamp(max=E), w)
+    # eager takes id == E (its one_hot has E + 1 classes) as "skip" (transformers >= 5.24; older
+    # eager raises on it, and the other two are the reference there)
+    impls = ["grouped_mm", "batched_mm"]
+    try:
+        out["eager"] = run_experts(module, "eager", x, ids.clamp(max=E), w)
+        impls.append("eager")
+    except RuntimeError:
+        pass
     assert float(out["moekit"][0].abs().max()) == 0.0
-    for impl in ("grouped_mm", "batched_mm", "eager"):
+    for impl in impls:
         torch.testing.assert_close(out["moekit"], out[impl], rtol=1e-5, atol=1e-6, msg=impl)
 
 
@@ -544,7 +556,9 @@ def test_weight_update_real_model():
         pytest.skip(f"transformers {transformers.__version__} has no Aria")
     model = tiny_model("aria_text")
     experts = experts_modules(model)
-    assert experts and all(m.is_transposed for m in experts)
+    if not experts:
+        pytest.skip(f"transformers {transformers.__version__}: Aria's experts do not go through the interface")
+    assert all(m.is_transposed for m in experts)
     ids = prompt(5)
     before = logits(model, ids, "moekit")
     for m in experts:
@@ -596,7 +610,10 @@ def _act_quant(x: torch.Tensor, bk: int) -> torch.Tensor:
 
 
 def _fp8_reference(module, x, ids, w, quantize_activations: bool):
-    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    try:
+        from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    except ImportError:
+        pytest.skip(f"transformers {transformers.__version__} has no _dequantize_fp8_weight (the reference)")
     block = list(module.block_size)
     w1 = _dequantize_fp8_weight(module.gate_up_proj.detach(), module.gate_up_proj_scale_inv.detach(), block,
                                 torch.float32)
