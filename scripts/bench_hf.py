@@ -21,7 +21,10 @@ so each call sees the same state. Everything except the experts implementation i
 Implementations are interleaved (one call of each in turn, rotating the order, per repeat) to
 spread a shared machine's noise evenly; each cell reports the median and the best call.
 CPU: time.perf_counter, torch.set_num_threads(--threads) and MOEKIT_NUM_THREADS=--threads (moekit's
-CPU thread pool). CUDA: torch.cuda.Event around each call, after a synchronize.
+CPU thread pool). CUDA: torch.cuda.Event around each call, after a synchronize. On a CPU with
+few cores, torch's OpenMP workers spin-wait after each parallel region and take cores from
+moekit's pool, which costs moekit's short (decode) calls; OMP_WAIT_POLICY=PASSIVE in the
+environment measures without that (docs/PERF.md has both).
 
   python scripts/bench_hf.py                                    # CPU, small configs, bf16
   python scripts/bench_hf.py --dtype bf16,f32 --json out.json
