@@ -1,13 +1,18 @@
 // The character tokenizer (include/moekit/model/tokenizer.h): the ids the Python tokenizer gives
-// (tests/data/tokenizer_golden.json, written by tools/train/tokenizer.py --golden), round trips,
-// every text of the bundled test split, non-ASCII vocabularies, then every rejection -- unknown
-// characters, malformed UTF-8, out-of-range ids and each malformed tokenizer.json -- with a message
-// naming the problem and the outputs left untouched; and hostile files (issue 28): a folder, a FIFO,
-// a device or an oversized file in place of tokenizer.json, JSON nested a million levels deep.
+// (tests/data/tokenizer_golden.json, written by tools/train/tokenizer.py --golden: the Hugging Face
+// tokenizer.json and the ids `tokenizers` gives), special tokens matched inside the text (longest
+// first), round trips, every text of the bundled test split, non-ASCII vocabularies, then every
+// rejection -- unknown characters, malformed UTF-8, out-of-range ids and each tokenizer.json outside
+// the per-character WordLevel family -- with a message naming the field and the outputs left
+// untouched; and hostile files (issue 28): a folder, a FIFO, a device or an oversized file in place
+// of tokenizer.json, JSON nested a million levels deep.
+// Run: ./build/tests/moekit_tests --gtest_filter='Tokenizer*'.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,14 +41,22 @@ Tokenizer default_tokenizer() {
   return t;
 }
 
-// A tokenizer.json with the given vocab (specials pad 0, bos 1, eos 2).
-std::string with_vocab(const std::vector<std::string>& chars) {
-  nlohmann::json vocab = {"<pad>", "<bos>", "<eos>"};
-  for (const std::string& c : chars) vocab.push_back(c);
-  return nlohmann::json{{"type", "moekit-char"}, {"version", 1}, {"vocab", vocab},
-                        {"special_tokens", {{"pad", 0}, {"bos", 1}, {"eos", 2}}}}
-      .dump();
+nlohmann::json added_token(int id, const std::string& content, bool special = true) {
+  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false},   {"normalized", false}, {"special", special}};
 }
+
+// A tokenizer.json of the golden file's family with the given characters after <pad> 0, <bos> 1 and
+// <eos> 2 (ids 3, 4, ...).
+nlohmann::json hf_json(const std::vector<std::string>& chars) {
+  nlohmann::json j = golden()["tokenizer"];
+  nlohmann::json vocab = {{"<pad>", 0}, {"<bos>", 1}, {"<eos>", 2}};
+  for (const std::string& c : chars) vocab[c] = int(vocab.size());
+  j["model"]["vocab"] = vocab;
+  return j;
+}
+
+std::string with_vocab(const std::vector<std::string>& chars) { return hf_json(chars).dump(); }
 
 void expect_error(const Status& s, const std::string& needle) {
   EXPECT_FALSE(s.ok()) << "expected an error containing '" << needle << "'";
@@ -73,10 +86,50 @@ TEST(Tokenizer, GivesThePythonIds) {
     std::vector<int32_t> ids;
     ASSERT_TRUE(t.encode(text, &ids).ok()) << text;
     EXPECT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << text;
-    std::string back;
-    ASSERT_TRUE(t.decode(ids, &back).ok());
-    EXPECT_EQ(back, text);
+    // decode gives the text back unless it held special tokens (which decode to nothing).
+    if (std::none_of(ids.begin(), ids.end(), [&](int32_t id) { return t.is_special(id); })) {
+      std::string back;
+      ASSERT_TRUE(t.decode(ids, &back).ok());
+      EXPECT_EQ(back, text);
+    }
   }
+}
+
+TEST(Tokenizer, SpecialTokensInTheTextAreMatched) {
+  // Hugging Face splits the text on the added tokens' contents before pre-tokenizing: "<eos>" in a
+  // text is the eos id, "<bos" (no ">") stays characters. decode(skip_special_tokens=True) drops them
+  // (the golden file holds this case too; `tokenizers` gives "ab<bos>" back).
+  const Tokenizer t = default_tokenizer();
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(t.encode("a<eos>b<bos<pad>>", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{69, 2, 70, 32, 70, 83, 87, 0, 34}));
+  std::string back;
+  ASSERT_TRUE(t.decode(ids, &back).ok());
+  EXPECT_EQ(back, "ab<bos>");
+  ASSERT_TRUE(t.encode("<eos><eos", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 32, 73, 83, 87}));
+}
+
+TEST(Tokenizer, AddedTokensMatchLongestFirst) {
+  // "<eos>>" (special) and "ab" (not special) are added tokens: at each position the longest
+  // content wins ("<eos>>" over "<eos>"), a non-special one decodes to its content; the ids are
+  // those `tokenizers` gives for the same file.
+  nlohmann::json j = hf_json({"<", ">", "a", "b", "c"});
+  j["model"]["vocab"]["<eos>>"] = 8;
+  j["model"]["vocab"]["ab"] = 9;
+  j["added_tokens"].push_back(added_token(8, "<eos>>"));
+  j["added_tokens"].push_back(added_token(9, "ab", /*special=*/false));
+  Tokenizer t;
+  const Status s = Tokenizer::parse(j.dump(), &t);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(t.is_special(8));
+  EXPECT_FALSE(t.is_special(9));
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(t.encode("<eos>><<eos>abcab", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{8, 3, 2, 9, 7, 9}));
+  std::string back;
+  ASSERT_TRUE(t.decode(ids, &back).ok());
+  EXPECT_EQ(back, "<abcab");
 }
 
 TEST(Tokenizer, EmptyTextGivesNoIds) {
@@ -145,13 +198,22 @@ TEST(Tokenizer, NonAsciiVocabulary) {
   EXPECT_EQ(back, text);
 }
 
-TEST(Tokenizer, SpecialTokensMayShareAnId) {
+TEST(Tokenizer, RolesGoByContentNotPosition) {
+  // The specials anywhere in the vocabulary (here after the characters); unknown keys are ignored.
+  nlohmann::json j = golden()["tokenizer"];
+  j["model"]["vocab"] = {{"a", 0}, {"<eos>", 1}, {"<pad>", 2}, {"<bos>", 3}};
+  j["added_tokens"] = {added_token(3, "<bos>"), added_token(1, "<eos>"), added_token(2, "<pad>")};
+  j["extra"] = 1;
   Tokenizer t;
-  const std::string j = R"({"type": "moekit-char", "version": 1, "vocab": ["<eos>", "a"],
-                           "special_tokens": {"pad": 0, "bos": 0, "eos": 0}, "unknown": "error", "extra": 1})";
-  ASSERT_TRUE(Tokenizer::parse(j, &t).ok());
-  EXPECT_EQ(t.vocab_size(), 2);
-  EXPECT_EQ(t.eos_id(), 0);
+  const Status s = Tokenizer::parse(j.dump(), &t);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(t.vocab_size(), 4);
+  EXPECT_EQ(t.pad_id(), 2);
+  EXPECT_EQ(t.bos_id(), 3);
+  EXPECT_EQ(t.eos_id(), 1);
+  EXPECT_FALSE(t.is_special(0));
+  EXPECT_FALSE(t.is_special(4));
+  EXPECT_FALSE(t.is_special(-1));
 }
 
 TEST(Tokenizer, UnknownCharacterIsAnErrorNamingIt) {
@@ -198,52 +260,109 @@ TEST(Tokenizer, AnEmptyTokenizerRejectsEverything) {
 }
 
 TEST(Tokenizer, ParseErrorsNameTheField) {
-  const std::string specials = R"("special_tokens": {"pad": 0, "bos": 1, "eos": 2})";
-  const std::string head = R"({"type": "moekit-char", "version": 1, )";
+  using Edit = std::function<void(nlohmann::json&)>;
+  const auto set_vocab = [](nlohmann::json v) { return Edit([v](nlohmann::json& j) { j["model"]["vocab"] = v; }); };
+  const nlohmann::json specials = {{"<pad>", 0}, {"<bos>", 1}, {"<eos>", 2}};
+  const auto plus = [&](const char* k, nlohmann::json v) {
+    nlohmann::json r = specials;
+    r[k] = v;
+    return r;
+  };
   const struct {
-    std::string json, needle;
+    Edit edit;
+    std::string needle;
   } cases[] = {
-      {"{\"type\": ", "is not valid JSON"},
-      {"[1, 2]", "must be a JSON object, got array"},
-      {R"({"version": 1, "vocab": ["a"]})", "type must be \"moekit-char\", got nothing"},
-      {R"({"type": "bpe", "version": 1})", "type must be \"moekit-char\", got \"bpe\""},
-      {R"({"type": "moekit-char", "version": 2})", "version must be 1, got 2"},
-      {R"({"type": "moekit-char", "version": "1"})", "version must be 1, got \"1\""},
-      {head + R"("unknown": "replace", "vocab": ["a", "b", "c"], )" + specials + "}", "unknown must be \"error\""},
-      {head + specials + "}", "vocab must be a non-empty array"},
-      {head + R"("vocab": "abc", )" + specials + "}", "vocab must be a non-empty array"},
-      {head + R"("vocab": [], )" + specials + "}", "vocab must be a non-empty array"},
-      {head + R"("vocab": ["<p>", "<b>", "<e>", 5])" + ", " + specials + "}", "vocab[3] must be a string, got number"},
-      {head + R"("vocab": ["<p>", "<b>", "<e>", "ab"], )" + specials + "}", "vocab[3] must be exactly one character, got \"ab\""},
-      {head + R"("vocab": ["<p>", "<b>", "<e>", ""], )" + specials + "}", "vocab[3] must be exactly one character"},
-      {head + R"("vocab": ["<p>", "<b>", "<e>", "a", "b", "a"], )" + specials + "}", "vocab[5] \"a\" (U+0061) duplicates vocab[3]"},
-      {head + R"("vocab": ["<p>", "<b>", "<e>", "\u00e9", "\u00e9"], )" + specials + "}", "vocab[4] \"é\" (U+00E9) duplicates vocab[3]"},
-      {head + R"("vocab": ["a", "b", "c"]})", "special_tokens must be an object"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": [0, 1, 2]})", "special_tokens must be an object"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": 0, "eos": 2}})", "special_tokens has no 'bos'"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": 0, "bos": 1, "eos": 3}})",
-       "special_tokens.eos must be an id in [0, 3), got 3"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": -1, "bos": 1, "eos": 2}})",
-       "special_tokens.pad must be an id in [0, 3), got -1"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": 0, "bos": 1.5, "eos": 2}})",
-       "special_tokens.bos must be an id in [0, 3), got 1.5"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": 0, "bos": 1, "eos": 18446744073709551615}})",
-       "special_tokens.eos must be an id in [0, 3)"},
-      {head + R"("vocab": ["a", "b", "c"], "special_tokens": {"pad": 0, "bos": 1, "eos": 2, "unk": 2}})",
-       "special_tokens has unknown key 'unk'"},
+      {[](nlohmann::json& j) { j.erase("model"); }, "model must be an object {\"type\": \"WordLevel\", ...}, got nothing"},
+      {[](nlohmann::json& j) { j["model"]["type"] = "BPE"; },
+       "model.type \"BPE\" is not supported (the runner reads character-level WordLevel tokenizers)"},
+      {[](nlohmann::json& j) { j["model"]["type"] = "Unigram"; }, "model.type \"Unigram\" is not supported"},
+      {[](nlohmann::json& j) { j["model"]["type"] = 5; }, "model.type must be a string, got 5"},
+      {[](nlohmann::json& j) { j["version"] = "2.0"; }, "version must be \"1.0\", got \"2.0\""},
+      {[](nlohmann::json& j) { j.erase("version"); }, "version must be \"1.0\", got nothing"},
+      {[](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; },
+       "normalizer {\"type\":\"NFC\"} is not supported"},
+      {[](nlohmann::json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation {\"max_length\":8} is not supported"},
+      {[](nlohmann::json& j) { j["padding"] = {{"pad_id", 0}}; }, "padding {\"pad_id\":0} is not supported"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer null is not supported"},
+      {[](nlohmann::json& j) { j.erase("pre_tokenizer"); }, "pre_tokenizer nothing is not supported"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}}; },
+       "pre_tokenizer {\"type\":\"ByteLevel\"} is not supported"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"]["pattern"] = {{"Regex", "."}}; },
+       "pre_tokenizer.pattern {\"Regex\":\".\"} is not supported"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"]["pattern"] = {{"String", " "}}; },
+       "pre_tokenizer.pattern {\"String\":\" \"} is not supported"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"]["behavior"] = "Removed"; },
+       "pre_tokenizer.behavior must be \"Isolated\", got \"Removed\""},
+      {[](nlohmann::json& j) { j["pre_tokenizer"]["invert"] = true; }, "pre_tokenizer.invert must be false, got true"},
+      {[](nlohmann::json& j) { j["decoder"] = nullptr; }, "decoder null is not supported"},
+      {[](nlohmann::json& j) { j["decoder"] = {{"type", "ByteLevel"}}; }, "decoder {\"type\":\"ByteLevel\"} is not supported"},
+      {[](nlohmann::json& j) { j["post_processor"] = 5; }, "post_processor must be null or an object with a \"type\", got 5"},
+      {[](nlohmann::json& j) { j["model"].erase("vocab"); }, "model.vocab must be a non-empty object {token: id}, got nothing"},
+      {set_vocab(nlohmann::json::object()), "model.vocab must be a non-empty object"},
+      {set_vocab({"<pad>", "<bos>", "<eos>"}), "model.vocab must be a non-empty object"},
+      {set_vocab(plus("a", 4)), "model.vocab[\"a\"] must be an id in [0, 4) (ids are 0..n-1), got 4"},
+      {set_vocab(plus("a", -1)), "model.vocab[\"a\"] must be an id in [0, 4) (ids are 0..n-1), got -1"},
+      {set_vocab(plus("a", "3")), "model.vocab[\"a\"] must be an id in [0, 4) (ids are 0..n-1), got \"3\""},
+      {set_vocab(plus("a", 2)), "model.vocab[\"a\"] = 2 duplicates model.vocab[\"<eos>\"]"},
+      {set_vocab(plus("ab", 3)), "model.vocab[\"ab\"] (id 3) must be exactly one character (or an added token)"},
+      {set_vocab(plus("", 3)), "model.vocab[\"\"] (id 3) must be exactly one character"},
+      {set_vocab(plus("<unk>", 3)), "model.unk_token \"<unk>\" is in model.vocab"},
+      {[](nlohmann::json& j) { j["model"]["unk_token"] = 5; }, "model.unk_token must be a string, got 5"},
+      {[](nlohmann::json& j) {
+         j["model"].erase("unk_token");
+         j["model"]["vocab"]["<unk>"] = 99;
+       },
+       "model.unk_token \"<unk>\" is in model.vocab"},  // HF's default unk_token
+      {[](nlohmann::json& j) { j.erase("added_tokens"); }, "added_tokens must be an array (with <pad>, <bos> and <eos>)"},
+      {[](nlohmann::json& j) { j["added_tokens"][1] = 7; }, "added_tokens[1] must be an object, got number"},
+      {[](nlohmann::json& j) { j["added_tokens"][1]["id"] = 5; },
+       "added_tokens[1].id must be 1 (the id of \"<bos>\" in model.vocab), got 5"},
+      {[](nlohmann::json& j) { j["added_tokens"][1].erase("id"); }, "added_tokens[1].id must be 1"},
+      {[](nlohmann::json& j) { j["added_tokens"].push_back(added_token(99, "<sep>")); },
+       "added_tokens[3].content \"<sep>\" is not in model.vocab"},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["content"] = ""; }, "added_tokens[0].content must be a non-empty string"},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip must be false, got true"},
+      {[](nlohmann::json& j) { j["added_tokens"][2]["normalized"] = true; },
+       "added_tokens[2].normalized must be false, got true"},
+      {[](nlohmann::json& j) { j["added_tokens"][2]["single_word"] = 1; }, "added_tokens[2].single_word must be false, got 1"},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["special"] = "yes"; },
+       "added_tokens[0].special must be a boolean, got \"yes\""},
+      {[](nlohmann::json& j) { j["added_tokens"].push_back(added_token(2, "<eos>")); }, "added_tokens[3] \"<eos>\" is listed twice"},
+      {[](nlohmann::json& j) { j["added_tokens"][2]["special"] = false; }, "added_tokens has no special token \"<eos>\""},
+      {[](nlohmann::json& j) { j["added_tokens"].erase(1); }, "added_tokens has no special token \"<bos>\""},
   };
   for (const auto& c : cases) {
+    nlohmann::json j = golden()["tokenizer"];
+    c.edit(j);
     Tokenizer t;
-    const Status s = Tokenizer::parse(c.json, &t);
-    SCOPED_TRACE(c.json);
+    const Status s = Tokenizer::parse(j.dump(), &t);
+    SCOPED_TRACE(c.needle);
     expect_error(s, c.needle);
-    EXPECT_EQ(s.message().rfind("tokenizer: ", 0), 0u) << s.message();
+    EXPECT_EQ(s.message().rfind("tokenizer.json: ", 0), 0u) << s.message();
+    EXPECT_EQ(t.vocab_size(), 0);  // untouched
   }
+  for (const auto& [text, needle] : {std::pair<std::string, std::string>{"{\"model\": ", "is not valid JSON"},
+                                     {"[1, 2]", "must be a JSON object, got array"}}) {
+    Tokenizer t;
+    expect_error(Tokenizer::parse(text, &t), needle);
+  }
+}
+
+TEST(Tokenizer, AcceptsTheOtherPerCharacterRegexAndNoPostProcessor) {
+  nlohmann::json j = golden()["tokenizer"];
+  j["pre_tokenizer"]["pattern"]["Regex"] = "[\\S\\s]";
+  j["post_processor"] = nullptr;
+  Tokenizer t;
+  const Status s = Tokenizer::parse(j.dump(), &t);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(t.encode("a\n\nb", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{69, 3, 3, 70}));
 }
 
 TEST(Tokenizer, AFailedParseLeavesTheOutputUntouched) {
   Tokenizer t = default_tokenizer();
-  expect_error(Tokenizer::parse(with_vocab({"a", "a"}), &t), "duplicates");
+  expect_error(Tokenizer::parse(with_vocab({"a", "bc"}), &t), "must be exactly one character");
   EXPECT_EQ(t.vocab_size(), 99);
   std::vector<int32_t> ids;
   ASSERT_TRUE(t.encode("Q", &ids).ok());
@@ -261,11 +380,11 @@ TEST(Tokenizer, LoadsFromDiskAndNamesThePathOnError) {
   EXPECT_EQ(t.vocab_size(), 99);
   {
     std::ofstream out(path);
-    out << R"({"type": "moekit-char", "version": 3})";
+    out << R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})";
   }
-  expect_error(Tokenizer::load(path, &t), path + ": tokenizer: version must be 1, got 3");
+  expect_error(Tokenizer::load(path, &t), path + ": tokenizer.json: model.type \"BPE\" is not supported");
   std::remove(path.c_str());
-  expect_error(Tokenizer::load(path, &t), "tokenizer: cannot open '" + path + "'");
+  expect_error(Tokenizer::load(path, &t), "tokenizer.json: cannot open '" + path + "'");
   EXPECT_EQ(t.vocab_size(), 99);
 }
 
@@ -275,12 +394,12 @@ TEST(Tokenizer, LoadRefusesWhatIsNotARegularFile) {
   testing::ScratchDir d;
   Tokenizer t = default_tokenizer();
   const std::string folder = d.folder("tokenizer.json");
-  expect_error(Tokenizer::load(folder, &t), "tokenizer: " + folder + " is a directory, not a regular file");
+  expect_error(Tokenizer::load(folder, &t), "tokenizer.json: " + folder + " is a directory, not a regular file");
   const std::string fifo = d.fifo("fifo.json");
-  expect_error(Tokenizer::load(fifo, &t), "tokenizer: " + fifo + " is a FIFO, not a regular file");
+  expect_error(Tokenizer::load(fifo, &t), "tokenizer.json: " + fifo + " is a FIFO, not a regular file");
   const std::string zero = d.link("zero.json", "/dev/zero");
   expect_error(Tokenizer::load(zero, &t), zero + " is a character device, not a regular file");
-  expect_error(Tokenizer::load("", &t), "tokenizer: empty path");
+  expect_error(Tokenizer::load("", &t), "tokenizer.json: empty path");
   EXPECT_EQ(t.vocab_size(), 99);  // untouched
 }
 
@@ -288,28 +407,28 @@ TEST(Tokenizer, LoadRefusesAFileOverTheSizeCap) {
   testing::ScratchDir d;
   const std::string big = d.sparse("tokenizer.json", 70ull << 20);  // 73.4 MB of nothing, no disk used
   Tokenizer t;
-  expect_error(Tokenizer::load(big, &t), "tokenizer: " + big + " is 73.4 MB, over the 64 MiB limit");
+  expect_error(Tokenizer::load(big, &t), "tokenizer.json: " + big + " is 73.4 MB, over the 64 MiB limit");
 }
 
 TEST(Tokenizer, DeepJsonIsRefusedBeforeParsing) {
-  // A million nested arrays under "type": the error message used to dump() the value, recursing
+  // A million nested arrays under "model": the error message used to dump() the value, recursing
   // once per level until the stack overflowed.
   Tokenizer t;
-  const std::string deep = R"({"type": )" + testing::nested_arrays(1000000) + "}";
-  expect_error(Tokenizer::parse(deep, &t), "tokenizer: JSON nested deeper than 64 levels (at byte 72)");
+  const std::string deep = R"({"model": )" + testing::nested_arrays(1000000) + "}";
+  expect_error(Tokenizer::parse(deep, &t), "tokenizer.json: JSON nested deeper than 64 levels (at byte 73)");
   // 64 levels are fine for the scanner (the value is then just the wrong type); brackets inside
   // strings, escaped quotes included, do not count.
-  const std::string ok_depth = R"({"type": )" + testing::nested_arrays(63) + "}";
-  expect_error(Tokenizer::parse(ok_depth, &t), "type must be \"moekit-char\", got [[[[");
-  const std::string in_string = R"({"type": "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})";
-  expect_error(Tokenizer::parse(in_string, &t), "type must be \"moekit-char\", got \"\\\"[[[");
+  const std::string ok_depth = R"({"model": )" + testing::nested_arrays(63) + "}";
+  expect_error(Tokenizer::parse(ok_depth, &t), "model must be an object {\"type\": \"WordLevel\", ...}, got [[[[");
+  const std::string in_string = R"({"model": "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})";
+  expect_error(Tokenizer::parse(in_string, &t), "model must be an object {\"type\": \"WordLevel\", ...}, got \"\\\"[[[");
 }
 
 TEST(Tokenizer, ErrorMessagesCutLongValues) {
   Tokenizer t;
-  const Status s = Tokenizer::parse(R"({"type": ")" + std::string(100000, 'x') + "\"}", &t);
-  expect_error(s, "type must be \"moekit-char\", got \"xxxx");
-  EXPECT_LT(s.message().size(), 200u) << s.message().size();
+  const Status s = Tokenizer::parse(R"({"model": {"type": ")" + std::string(100000, 'x') + "\"}}", &t);
+  expect_error(s, "model.type \"xxxx");
+  EXPECT_LT(s.message().size(), 250u) << s.message().size();
   EXPECT_NE(s.message().find("..."), std::string::npos);
 }
 
