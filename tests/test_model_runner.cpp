@@ -1,9 +1,11 @@
-// The model runner (include/moekit/model/runner.h) against the PyTorch reference (tools/train/model.py)
-// on the three smoke models committed under tests/data/models/ (random-ish tiny weights, 30 training
-// steps; `python3 tools/train/train.py --smoke` wrote them with reference_logits.safetensors):
-// teacher-forced logits (max abs diff, top-1 agreement with the reference's argmax), greedy decoding
-// equal to the argmax chain of the logits, every scheme and backend running, and config / load errors;
-// and on the trained models of models/: f32 logits and greedy completions equal to PyTorch's; and
+// The model runner (include/moekit/model/runner.h) against the PyTorch reference (tools/train/model.py,
+// which matches transformers' MixtralForCausalLM, DeepseekV3ForCausalLM and Llama4ForCausalLM) on the
+// three smoke models committed under tests/data/models/ (random-ish tiny weights, 30 training steps;
+// `python3 tools/train/train.py --smoke` wrote them with reference_logits.safetensors): teacher-forced
+// logits (max abs diff, top-1 agreement with the reference's argmax), greedy decoding equal to the
+// argmax chain of the logits, DeepSeek's rope_interleave false, every scheme and backend running, and
+// config.json errors (each transformers feature the runner lacks refused by name) and load errors;
+// on the trained models of models/: f32 logits and greedy completions equal to PyTorch's; and
 // hostile model folders (issue 28): folders, FIFOs or oversized files in place of the model's files,
 // deep JSON, a checkpoint with tensors the config does not use, an empty path.
 // Run: ./build/tests/moekit_tests --gtest_filter='ModelRunner*'
@@ -11,7 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -177,6 +182,11 @@ TEST(ModelRunner, GreedyDecodingFollowsTheLogits) {
   }
 }
 
+nlohmann::json smoke_config(const char* name) {
+  std::ifstream in(dir_of(name) + "/config.json");
+  return nlohmann::json::parse(in);
+}
+
 TEST(ModelRunner, ConfigErrorsNameTheKey) {
   ModelConfig c;
   Status s = ModelConfig::parse("{", &c);
@@ -187,6 +197,158 @@ TEST(ModelRunner, ConfigErrorsNameTheKey) {
   EXPECT_NE(s.message().find("hidden_size"), std::string::npos) << s.message();
   s = ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": -3})", &c);
   EXPECT_NE(s.message().find("vocab_size"), std::string::npos) << s.message();
+
+  // Each edit of a smoke model's config.json, and the message it must give.
+  using Edit = std::function<void(nlohmann::json&)>;
+  const struct {
+    const char* model;
+    Edit edit;
+    std::string needle;
+  } cases[] = {
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["model_type"] = "moekit_deepseek_v3"; },
+       "model_type 'moekit_deepseek_v3' was renamed 'deepseek_v3'"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["model_type"] = "moekit_llama4_text"; },
+       "model_type 'moekit_llama4_text' was renamed 'llama4_text'"},
+      // RoPE (every family).
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "yarn"; },
+       "'rope_parameters.rope_type' \"yarn\" is not supported (the runner implements the default RoPE only)"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "llama3"; },
+       "'rope_parameters.rope_type' \"llama3\" is not supported"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+       "'rope_scaling' {\"factor\":2.0,\"type\":\"linear\"} is not supported"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j.erase("rope_parameters"); }, "missing key 'rope_theta'"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_parameters"].erase("rope_theta"); },
+       "missing key 'rope_parameters.rope_theta'"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_parameters"]["rope_theta"] = -1; },
+       "'rope_parameters.rope_theta' = -1 must be finite and > 0"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_parameters"] = 10000; }, "'rope_parameters' must be an object"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["rope_theta"] = 500000.0; },
+       "'rope_theta' 500000.0 disagrees with 'rope_parameters.rope_theta' 10000"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, "'hidden_act' \"gelu\" is not supported"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["sliding_window"] = 64; }, "'sliding_window' 64 is not supported"},
+      {"mixtral-tiny-smoke", [](nlohmann::json& j) { j["tie_word_embeddings"] = true; },
+       "'tie_word_embeddings' = true is not supported"},
+      // deepseek_v3
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["q_lora_rank"] = 64; },
+       "'q_lora_rank' 64 is not supported (must be null: the runner projects q with q_proj, no q LoRA)"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j.erase("q_lora_rank"); }, "missing key 'q_lora_rank' (must be null)"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["first_k_dense_replace"] = 1; },
+       "'first_k_dense_replace' = 1 is not supported (must be 0"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j.erase("first_k_dense_replace"); },
+       "missing key 'first_k_dense_replace'"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, "'norm_topk_prob' = false is not supported"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j.erase("norm_topk_prob"); }, "missing key 'norm_topk_prob'"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["num_key_value_heads"] = 1; },
+       "num_key_value_heads 1 must equal num_attention_heads 2"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j.erase("kv_lora_rank"); }, "missing key 'kv_lora_rank'"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["qk_nope_head_dim"] = 0; }, "'qk_nope_head_dim' = 0 is outside"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["qk_rope_head_dim"] = 15; }, "qk_rope_head_dim 15 must be even"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["v_head_dim"] = "32"; }, "'v_head_dim' must be an integer"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["rope_interleave"] = 1; }, "'rope_interleave' must be true or false"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["attention_bias"] = true; }, "'attention_bias' = true is not supported"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j.erase("hidden_act"); }, "missing key 'hidden_act' (want \"silu\")"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["scoring_func"] = "softmax"; },
+       "'scoring_func' \"softmax\" is not supported (want \"sigmoid\")"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["topk_method"] = "greedy"; },
+       "'topk_method' \"greedy\" is not supported (want \"noaux_tc\")"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["n_shared_experts"] = 2; }, "'n_shared_experts' = 2 is outside [0, 1]"},
+      {"deepseek-v3-tiny-smoke", [](nlohmann::json& j) { j["n_group"] = 3; }, "n_group 3 / topk_group 1 / k 2 do not fit 4 experts"},
+      // llama4_text
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["use_qk_norm"] = true; }, "'use_qk_norm' = true is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j.erase("use_qk_norm"); },
+       "'use_qk_norm' = true (transformers' default) is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["no_rope_layers"] = {1, 0}; },
+       "'no_rope_layers'[1] = 0 is not supported (must be 1"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["no_rope_layers"] = {1}; }, "'no_rope_layers' has 1 entries for 2 layers"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["no_rope_layers"] = "all"; }, "'no_rope_layers' must be a list of integers"},
+      {"llama4-tiny-smoke",
+       [](nlohmann::json& j) {
+         j["num_hidden_layers"] = 4;
+         j.erase("no_rope_layers");
+         j.erase("moe_layers");
+       },
+       "without 'no_rope_layers', transformers makes layer 3 a NoPE layer (no_rope_layer_interval 4)"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["moe_layers"] = {0}; }, "'moe_layers' lacks layer 1"},
+      {"llama4-tiny-smoke",
+       [](nlohmann::json& j) {
+         j.erase("moe_layers");
+         j["interleave_moe_layer_step"] = 2;
+       },
+       "'interleave_moe_layer_step' = 2 is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["attention_chunk_size"] = 128; },
+       "'attention_chunk_size' = 128 is not supported (must be null or >= max_position_embeddings 512"},
+      {"llama4-tiny-smoke",
+       [](nlohmann::json& j) {
+         j.erase("attention_chunk_size");
+         j["max_position_embeddings"] = 10000;
+       },
+       "'attention_chunk_size' = 8192 (transformers' default) is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["num_experts_per_tok"] = 2; }, "llama4 routing is top-1"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j.erase("head_dim"); }, "missing key 'head_dim'"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["hidden_act"] = "relu"; }, "'hidden_act' \"relu\" is not supported"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.needle);
+    nlohmann::json j = smoke_config(k.model);
+    k.edit(j);
+    ModelConfig out;
+    out.vocab_size = -7;
+    const Status st = ModelConfig::parse(j.dump(), &out);
+    EXPECT_EQ(st.code(), StatusCode::invalid_argument) << st.to_string();
+    EXPECT_NE(st.message().find(k.needle), std::string::npos) << "'" << st.message() << "' lacks '" << k.needle << "'";
+    EXPECT_EQ(st.message().rfind("config.json: ", 0), 0u) << st.message();
+    EXPECT_EQ(out.vocab_size, -7);  // untouched
+  }
+}
+
+TEST(ModelRunner, ConfigReadsTransformersKeys) {
+  ModelConfig c;
+  ASSERT_TRUE(ModelConfig::parse(smoke_config("deepseek-v3-tiny-smoke").dump(), &c).ok());
+  EXPECT_EQ(c.family, Family::deepseek);
+  EXPECT_EQ(c.model_type, "deepseek_v3");
+  EXPECT_EQ(c.kv_lora_rank, 32);
+  EXPECT_EQ(c.qk_nope_head_dim, 16);
+  EXPECT_EQ(c.qk_rope_head_dim, 16);
+  EXPECT_EQ(c.v_head_dim, 32);
+  EXPECT_EQ(c.head_dim, 16);  // the RoPE dims, as DeepseekV3Config sets head_dim
+  EXPECT_TRUE(c.rope_interleave);
+  EXPECT_TRUE(c.shared_expert);
+  EXPECT_EQ(c.rope_theta, 10000.0f);
+  ASSERT_TRUE(ModelConfig::parse(smoke_config("llama4-tiny-smoke").dump(), &c).ok());
+  EXPECT_EQ(c.family, Family::llama4);
+  EXPECT_TRUE(c.rope_interleave);
+  EXPECT_TRUE(c.shared_expert);
+  ASSERT_TRUE(ModelConfig::parse(smoke_config("mixtral-tiny-smoke").dump(), &c).ok());
+  EXPECT_FALSE(c.rope_interleave);
+
+  // transformers' other spellings and defaults: a top-level rope_theta (transformers 4), DeepSeek's
+  // optional keys, rope_interleave absent (true); Llama-4 without no_rope_layers on fewer than 4
+  // layers (all RoPE), without attention_chunk_size (8192 >= 512), with moe_layers beyond the layers.
+  nlohmann::json d = smoke_config("deepseek-v3-tiny-smoke");
+  d.erase("rope_parameters");
+  d["rope_theta"] = 50000.0;
+  d["scoring_func"] = "sigmoid";
+  d["topk_method"] = "noaux_tc";
+  d.erase("rope_interleave");
+  Status s = ModelConfig::parse(d.dump(), &c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(c.rope_theta, 50000.0f);
+  EXPECT_TRUE(c.rope_interleave);
+  d["rope_interleave"] = false;
+  ASSERT_TRUE(ModelConfig::parse(d.dump(), &c).ok());
+  EXPECT_FALSE(c.rope_interleave);
+  nlohmann::json l = smoke_config("llama4-tiny-smoke");
+  l.erase("no_rope_layers");
+  l.erase("attention_chunk_size");
+  l["moe_layers"] = {0, 1, 2, 3};
+  l["attn_temperature_tuning"] = true;
+  s = ModelConfig::parse(l.dump(), &c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  l["no_rope_layers"] = nullptr;
+  l.erase("moe_layers");
+  l["attention_chunk_size"] = 512;
+  s = ModelConfig::parse(l.dump(), &c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
 }
 
 TEST(ModelRunner, LoadErrors) {
@@ -269,6 +431,81 @@ void expect_load_error(const std::string& dir, StatusCode code, const std::strin
   EXPECT_EQ(s.code(), code) << s.to_string();
   EXPECT_NE(s.message().find(needle), std::string::npos) << "'" << s.message() << "' lacks '" << needle << "'";
   EXPECT_EQ(m, nullptr);
+}
+
+// Reorders rows [first, first + d) of the 2-D tensor `name` in a safetensors file image from
+// interleaved pairs (2i, 2i+1) to halves (i, i + d/2).
+void deinterleave_rows(std::string* file, const std::string& name, int64_t first, int64_t d) {
+  uint64_t n = 0;
+  std::memcpy(&n, file->data(), 8);
+  const nlohmann::json t = nlohmann::json::parse(file->substr(8, n)).at(name);
+  const size_t row = t.at("shape")[1].get<size_t>() * (t.at("dtype") == "F32" ? 4 : 2);
+  const size_t base = 8 + n + t.at("data_offsets")[0].get<size_t>() + size_t(first) * row;
+  const std::string old = file->substr(base, size_t(d) * row);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    std::memcpy(&(*file)[base + size_t(i) * row], old.data() + size_t(2 * i) * row, row);
+    std::memcpy(&(*file)[base + size_t(i + d / 2) * row], old.data() + size_t(2 * i + 1) * row, row);
+  }
+}
+
+TEST(ModelRunner, DeepseekRopeInterleaveFalseRotatesHalves) {
+  // rope_interleave false pairs dims (i, i + dr/2). The interleaved smoke model equals the
+  // rotate-half model whose q_rot and k_rot rows are reordered (2i -> i, 2i+1 -> i + dr/2): the
+  // attention scores are dot products, which one permutation of both q and k leaves unchanged.
+  const char* name = "deepseek-v3-tiny-smoke";
+  testing::ScratchDir d;
+  const std::string dir = model_folder(d, name, {"config.json", "model.safetensors"});
+  nlohmann::json cfg = smoke_config(name);
+  cfg["rope_interleave"] = false;
+  d.text("config.json", cfg.dump());
+  std::ifstream in(dir_of(name) + "/model.safetensors", std::ios::binary);
+  std::string st((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int nh = cfg["num_attention_heads"], dn = cfg["qk_nope_head_dim"], dr = cfg["qk_rope_head_dim"];
+  const int R = cfg["kv_lora_rank"];
+  for (int l = 0; l < cfg["num_hidden_layers"].get<int>(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    for (int h = 0; h < nh; ++h) deinterleave_rows(&st, p + "q_proj.weight", int64_t(h) * (dn + dr) + dn, dr);
+    deinterleave_rows(&st, p + "kv_a_proj_with_mqa.weight", R, dr);
+  }
+  d.text("model.safetensors", st);
+  auto interleaved = load(dir_of(name), Backend::cpu, ModelScheme::f32);
+  auto halves = load(dir, Backend::cpu, ModelScheme::f32);
+  ASSERT_NE(interleaved, nullptr);
+  ASSERT_NE(halves, nullptr);
+  EXPECT_FALSE(halves->config().rope_interleave);
+  const std::vector<int32_t> ids = read_reference(dir_of(name)).seqs[0];
+  std::vector<float> a, b;
+  ASSERT_TRUE(interleaved->logits(ids, &a).ok());
+  ASSERT_TRUE(halves->logits(ids, &b).ok());
+  ASSERT_EQ(a.size(), b.size());
+  float diff = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
+  EXPECT_LT(diff, 1e-4f);
+  // ... and the flag matters: the permuted weights read as interleaved give other logits.
+  cfg["rope_interleave"] = true;
+  d.text("config.json", cfg.dump());
+  auto wrong = load(dir, Backend::cpu, ModelScheme::f32);
+  ASSERT_NE(wrong, nullptr);
+  ASSERT_TRUE(wrong->logits(ids, &b).ok());
+  diff = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
+  EXPECT_GT(diff, 1e-3f);
+}
+
+TEST(ModelRunner, RejectsConfigAndTokenizerThatDisagree) {
+  // config.json's bos / eos ids must be the tokenizer's <bos> / <eos> (generate stops at eos, eval
+  // prepends bos).
+  for (const auto& [key, needle] : {std::pair<const char*, const char*>{"bos_token_id", "bos_token_id 3 / eos_token_id 2"},
+                                    {"eos_token_id", "bos_token_id 1 / eos_token_id 3"}}) {
+    SCOPED_TRACE(key);
+    testing::ScratchDir d;
+    const std::string dir = model_folder(d, "mixtral-tiny-smoke", {"config.json"});
+    nlohmann::json cfg = smoke_config("mixtral-tiny-smoke");
+    cfg[key] = 3;
+    d.text("config.json", cfg.dump());
+    expect_load_error(dir, StatusCode::invalid_argument, std::string("config.json: ") + needle +
+                                                             " disagree with tokenizer.json's <bos> 1 / <eos> 2");
+  }
 }
 
 TEST(ModelRunner, RejectsFilesThatAreNotRegular) {

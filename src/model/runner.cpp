@@ -1,5 +1,7 @@
-// The model runner (include/moekit/model/runner.h): loading a bundled model, the f32 decoder around
-// moekit's routing and fused_moe ops, teacher-forced logits and batched greedy decoding.
+// The model runner (include/moekit/model/runner.h): loading a bundled model (a transformers
+// checkpoint), the f32 decoder around moekit's routing and fused_moe ops -- grouped-query attention
+// (mixtral, llama4_text) or Multi-head Latent Attention (deepseek_v3) -- teacher-forced logits and
+// batched greedy decoding.
 // Tests: tests/test_model_runner.cpp.
 #include "moekit/model/runner.h"
 
@@ -51,86 +53,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// Calls fn(name, shape) (returning a Status, the first error stops) for every tensor of the model
-// config.json describes: the names and shapes MoeModel::Impl::load reads (docs/models.md, Checkpoint
-// files).
-template <class Fn>
-Status for_each_expected_tensor(const ModelConfig& c, Fn&& fn) {
-  const int64_t H = c.hidden_size, V = c.vocab_size, E = c.num_experts, I = c.moe_intermediate_size;
-  const int64_t qd = int64_t(c.num_attention_heads) * c.head_dim, kd = int64_t(c.num_key_value_heads) * c.head_dim;
-  MOEKIT_RETURN_IF_ERROR(fn("model.embed_tokens.weight", {V, H}));
-  MOEKIT_RETURN_IF_ERROR(fn("lm_head.weight", {V, H}));
-  MOEKIT_RETURN_IF_ERROR(fn("model.norm.weight", {H}));
-  const char* moe_name =
-      c.family == Family::mixtral ? "block_sparse_moe" : c.family == Family::deepseek ? "mlp" : "feed_forward";
-  const bool mx = c.family == Family::mixtral;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    MOEKIT_RETURN_IF_ERROR(fn(p + "input_layernorm.weight", {H}));
-    MOEKIT_RETURN_IF_ERROR(fn(p + "post_attention_layernorm.weight", {H}));
-    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.q_proj.weight", {qd, H}));
-    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.k_proj.weight", {kd, H}));
-    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.v_proj.weight", {kd, H}));
-    MOEKIT_RETURN_IF_ERROR(fn(p + "self_attn.o_proj.weight", {H, qd}));
-    const std::string m = p + moe_name + ".";
-    if (c.family == Family::llama4) {
-      MOEKIT_RETURN_IF_ERROR(fn(m + "router.weight", {E, H}));
-      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.gate_up_proj", {E, H, 2 * I}));
-      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.down_proj", {E, I, H}));
-    } else {
-      MOEKIT_RETURN_IF_ERROR(fn(m + "gate.weight", {E, H}));
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = m + "experts." + std::to_string(e) + ".";
-        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w1.weight" : "gate_proj.weight"), {I, H}));
-        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w3.weight" : "up_proj.weight"), {I, H}));
-        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w2.weight" : "down_proj.weight"), {H, I}));
-      }
-      if (c.family == Family::deepseek) MOEKIT_RETURN_IF_ERROR(fn(m + "gate.e_score_correction_bias", {E}));
-    }
-    if (c.shared_expert) {
-      const std::string s = m + (c.family == Family::deepseek ? "shared_experts." : "shared_expert.");
-      MOEKIT_RETURN_IF_ERROR(fn(s + "gate_proj.weight", {I, H}));
-      MOEKIT_RETURN_IF_ERROR(fn(s + "up_proj.weight", {I, H}));
-      MOEKIT_RETURN_IF_ERROR(fn(s + "down_proj.weight", {H, I}));
-    }
-  }
-  return Status::Ok();
-}
-
-// The checkpoint holds exactly the tensors of the config's model: each one present with its shape
-// and a float dtype, and none left over (a config with fewer layers or experts than the checkpoint
-// would otherwise run a different model without a word). Runs before anything is converted, so a
-// config whose sizes disagree with the file allocates nothing.
-Status check_checkpoint(const SafetensorsFile& f, const ModelConfig& c) {
-  const std::vector<SafetensorsTensor>& ts = f.tensors();
-  std::unordered_map<std::string, size_t> index;
-  for (size_t i = 0; i < ts.size(); ++i) index.emplace(ts[i].name, i);
-  std::vector<bool> used(ts.size(), false);
-  MOEKIT_RETURN_IF_ERROR(for_each_expected_tensor(c, [&](const std::string& name, const std::vector<int64_t>& shape) {
-    const auto it = index.find(name);
-    if (it == index.end()) return InvalidArgument("model.safetensors: missing tensor '", name, "'");
-    const SafetensorsTensor& t = ts[it->second];
-    if (t.shape != shape) {
-      return InvalidArgument("model.safetensors: '", name, "' has shape ", shape_str(t.shape), ", want ",
-                             shape_str(shape));
-    }
-    if (t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F32") {
-      return InvalidArgument("model.safetensors: '", name, "' has dtype ", t.dtype, " (want BF16, F16 or F32)");
-    }
-    used[it->second] = true;
-    return Status::Ok();
-  }));
-  const size_t unused = size_t(std::count(used.begin(), used.end(), false));
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (used[i]) continue;
-    return InvalidArgument("model.safetensors: tensor '", ts[i].name, "' is not part of the ", family_name(c.family),
-                           " model config.json describes (", c.num_hidden_layers, " layers, ", c.num_experts,
-                           " experts); ", unused, " of ", ts.size(),
-                           " tensors unused: does the config have fewer layers or experts than the checkpoint?");
-  }
-  return Status::Ok();
-}
-
 // f32 values of a checkpoint tensor with exactly the expected shape (bf16 / f16 / f32 on disk).
 Status load_f32(const SafetensorsFile& f, const std::string& name, const std::vector<int64_t>& shape,
                 std::vector<float>* out) {
@@ -167,11 +89,55 @@ void matvec(const float* w, const float* x, int N, int H, float* y) {
   }
 }
 
+// y = w * x / rms(x) (y may be x).
 void rmsnorm(const float* x, const float* w, int H, float eps, float* y) {
   double ss = 0.0;
   for (int h = 0; h < H; ++h) ss += double(x[h]) * x[h];
   const float r = 1.0f / std::sqrt(float(ss / H) + eps);
   for (int h = 0; h < H; ++h) y[h] = w[h] * (x[h] * r);
+}
+
+// RoPE on v[0, d) at position pos: pair i -- (2i, 2i+1) when interleaved, else (i, i + d/2) -- rotated
+// by the angle pos * inv_freq[i].
+void rope(float* v, int d, int pos, const float* inv_freq, bool interleaved) {
+  for (int i = 0; i < d / 2; ++i) {
+    const float a = float(pos) * inv_freq[i], c = std::cos(a), sn = std::sin(a);
+    float* x1 = interleaved ? v + 2 * i : v + i;
+    float* x2 = interleaved ? v + 2 * i + 1 : v + i + d / 2;
+    const float a1 = *x1, a2 = *x2;
+    *x1 = a1 * c - a2 * sn;
+    *x2 = a2 * c + a1 * sn;
+  }
+}
+
+// One query token against n cached positions: o[h] (dv) = sum_j softmax_j(q[h] . k_j[g] * scale) v_j[g]
+// for each of `heads` heads, g = h / rep its key/value head. q [heads * dk]; k [n][heads / rep * dk];
+// v [n][heads / rep * dv]; o [heads * dv].
+void attend(const float* q, const float* k, const float* v, int n, int heads, int rep, int dk, int dv, float scale,
+            float* o) {
+  const int64_t ks = int64_t(heads / rep) * dk, vs = int64_t(heads / rep) * dv;
+  std::vector<float> p(static_cast<size_t>(n));
+  for (int h = 0; h < heads; ++h) {
+    const int g = h / rep;
+    const float* qh = q + int64_t(h) * dk;
+    float mx = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+      const float* kj = k + j * ks + int64_t(g) * dk;
+      float d = 0.0f;
+      for (int i = 0; i < dk; ++i) d += qh[i] * kj[i];
+      p[size_t(j)] = d * scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+    float* oh = o + int64_t(h) * dv;
+    std::fill(oh, oh + dv, 0.0f);
+    for (int j = 0; j < n; ++j) {
+      const float* vj = v + j * vs + int64_t(g) * dv;
+      const float pj = p[size_t(j)] / sum;
+      for (int i = 0; i < dv; ++i) oh[i] += pj * vj[i];
+    }
+  }
 }
 
 // The highest-priority kernel of backend b that accepts params, or nullptr.
@@ -289,9 +255,110 @@ Status make_experts(const std::vector<float>& w1f, const std::vector<float>& w2f
 
 struct Layer {
   std::vector<float> in_norm, post_norm, wq, wk, wv, wo, router, bias;
+  std::vector<float> wkv_a, kv_norm, wkv_b;  // deepseek MLA: kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
   Experts experts, shared;
   std::unique_ptr<DevBuf> d_bias;  // cuda: the correction bias on the device (deepseek)
 };
+
+// The attention tensors of layer prefix p ("model.layers.L."), in the order of the Layer fields they
+// fill: q/k/v/o_proj (mixtral, llama4) or the MLA projections (deepseek).
+struct AttnTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> Layer::*field;
+};
+std::vector<AttnTensor> attention_tensors(const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  const std::string s = p + "self_attn.";
+  if (c.family == Family::deepseek) {
+    const int64_t dq = c.qk_nope_head_dim + c.qk_rope_head_dim, R = c.kv_lora_rank;
+    return {{s + "q_proj.weight", {nh * dq, H}, &Layer::wq},
+            {s + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, H}, &Layer::wkv_a},
+            {s + "kv_a_layernorm.weight", {R}, &Layer::kv_norm},
+            {s + "kv_b_proj.weight", {nh * (c.qk_nope_head_dim + c.v_head_dim), R}, &Layer::wkv_b},
+            {s + "o_proj.weight", {H, nh * c.v_head_dim}, &Layer::wo}};
+  }
+  const int64_t qd = nh * c.head_dim, kd = int64_t(c.num_key_value_heads) * c.head_dim;
+  return {{s + "q_proj.weight", {qd, H}, &Layer::wq},
+          {s + "k_proj.weight", {kd, H}, &Layer::wk},
+          {s + "v_proj.weight", {kd, H}, &Layer::wv},
+          {s + "o_proj.weight", {H, qd}, &Layer::wo}};
+}
+
+// Calls fn(name, shape) (returning a Status, the first error stops) for every tensor of the model
+// config.json describes: the names and shapes MoeModel::Impl::load reads (include/moekit/model/runner.h).
+template <class Fn>
+Status for_each_expected_tensor(const ModelConfig& c, Fn&& fn) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, E = c.num_experts, I = c.moe_intermediate_size;
+  MOEKIT_RETURN_IF_ERROR(fn("model.embed_tokens.weight", {V, H}));
+  MOEKIT_RETURN_IF_ERROR(fn("lm_head.weight", {V, H}));
+  MOEKIT_RETURN_IF_ERROR(fn("model.norm.weight", {H}));
+  const char* moe_name =
+      c.family == Family::mixtral ? "block_sparse_moe" : c.family == Family::deepseek ? "mlp" : "feed_forward";
+  const bool mx = c.family == Family::mixtral;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    MOEKIT_RETURN_IF_ERROR(fn(p + "input_layernorm.weight", {H}));
+    MOEKIT_RETURN_IF_ERROR(fn(p + "post_attention_layernorm.weight", {H}));
+    for (const AttnTensor& t : attention_tensors(c, p)) MOEKIT_RETURN_IF_ERROR(fn(t.name, t.shape));
+    const std::string m = p + moe_name + ".";
+    if (c.family == Family::llama4) {
+      MOEKIT_RETURN_IF_ERROR(fn(m + "router.weight", {E, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.gate_up_proj", {E, H, 2 * I}));
+      MOEKIT_RETURN_IF_ERROR(fn(m + "experts.down_proj", {E, I, H}));
+    } else {
+      MOEKIT_RETURN_IF_ERROR(fn(m + "gate.weight", {E, H}));
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w1.weight" : "gate_proj.weight"), {I, H}));
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w3.weight" : "up_proj.weight"), {I, H}));
+        MOEKIT_RETURN_IF_ERROR(fn(x + (mx ? "w2.weight" : "down_proj.weight"), {H, I}));
+      }
+      if (c.family == Family::deepseek) MOEKIT_RETURN_IF_ERROR(fn(m + "gate.e_score_correction_bias", {E}));
+    }
+    if (c.shared_expert) {
+      const std::string s = m + (c.family == Family::deepseek ? "shared_experts." : "shared_expert.");
+      MOEKIT_RETURN_IF_ERROR(fn(s + "gate_proj.weight", {I, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(s + "up_proj.weight", {I, H}));
+      MOEKIT_RETURN_IF_ERROR(fn(s + "down_proj.weight", {H, I}));
+    }
+  }
+  return Status::Ok();
+}
+
+// The checkpoint holds exactly the tensors of the config's model: each one present with its shape
+// and a float dtype, and none left over (a config with fewer layers or experts than the checkpoint
+// would otherwise run a different model without a word). Runs before anything is converted, so a
+// config whose sizes disagree with the file allocates nothing.
+Status check_checkpoint(const SafetensorsFile& f, const ModelConfig& c) {
+  const std::vector<SafetensorsTensor>& ts = f.tensors();
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < ts.size(); ++i) index.emplace(ts[i].name, i);
+  std::vector<bool> used(ts.size(), false);
+  MOEKIT_RETURN_IF_ERROR(for_each_expected_tensor(c, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const auto it = index.find(name);
+    if (it == index.end()) return InvalidArgument("model.safetensors: missing tensor '", name, "'");
+    const SafetensorsTensor& t = ts[it->second];
+    if (t.shape != shape) {
+      return InvalidArgument("model.safetensors: '", name, "' has shape ", shape_str(t.shape), ", want ",
+                             shape_str(shape));
+    }
+    if (t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F32") {
+      return InvalidArgument("model.safetensors: '", name, "' has dtype ", t.dtype, " (want BF16, F16 or F32)");
+    }
+    used[it->second] = true;
+    return Status::Ok();
+  }));
+  const size_t unused = size_t(std::count(used.begin(), used.end(), false));
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (used[i]) continue;
+    return InvalidArgument("model.safetensors: tensor '", ts[i].name, "' is not part of the ", family_name(c.family),
+                           " model config.json describes (", c.num_hidden_layers, " layers, ", c.num_experts,
+                           " experts); ", unused, " of ", ts.size(),
+                           " tensors unused: does the config have fewer layers or experts than the checkpoint?");
+  }
+  return Status::Ok();
+}
 
 // fn(b) for b in [0, n) on the CPU backend's thread pool (contiguous ranges; rows are independent,
 // so the result does not depend on the split). Small batches stay on the calling thread.
@@ -312,9 +379,10 @@ struct MoeModel::Impl {
   DevBuf d_x, d_out, d_ids, d_w, d_logits, d_ws;
   std::vector<float> embed, lm_head, final_norm;
   std::vector<Layer> layers;
-  std::vector<float> inv_freq;  // [head_dim / 2], as Hugging Face computes it (f32)
+  std::vector<float> inv_freq;  // [head_dim / 2] (deepseek: qk_rope_head_dim / 2), as transformers computes it
 
-  // One sequence's KV cache: [layer][position][kv_heads * head_dim] for K and V.
+  // One sequence's KV cache: [layer][position][kv_heads * head_dim] for K and V (deepseek: the
+  // expanded [heads * (dn + dr)] and [heads * dv]).
   struct Seq {
     std::vector<std::vector<float>> k, v;
     int pos = 0;
@@ -326,6 +394,10 @@ struct MoeModel::Impl {
   Status run_experts(const Experts& ex, const std::vector<float>& h, int B, const int32_t* ids, const float* w, int k,
                      bool on_input, std::vector<float>* x,
                      bool routed_on_device = false);
+  // One token of attention of sequence s in layer l, one function per kind: appends the token's key
+  // and value to the cache and writes o_proj(attention) to y [H]. hb: the normed input [H].
+  void attention_gqa(const Layer& L, const float* hb, Seq& s, size_t l, float* y) const;
+  void attention_mla(const Layer& L, const float* hb, Seq& s, size_t l, float* y) const;
   // Advances every sequence by one token (tokens[b] at seqs[b]->pos) and writes logits [B, vocab].
   Status step(const std::vector<Seq*>& seqs, const std::vector<int32_t>& tokens, std::vector<float>* logits);
   Seq new_seq() const {
@@ -344,11 +416,14 @@ Status MoeModel::Impl::load(const std::string& dir) {
   if (tok.vocab_size() != cfg.vocab_size) {
     return InvalidArgument("tokenizer.json: ", tok.vocab_size(), " tokens, config.json says vocab_size ", cfg.vocab_size);
   }
+  if (tok.bos_id() != cfg.bos_token_id || tok.eos_id() != cfg.eos_token_id) {
+    return InvalidArgument("config.json: bos_token_id ", cfg.bos_token_id, " / eos_token_id ", cfg.eos_token_id,
+                           " disagree with tokenizer.json's <bos> ", tok.bos_id(), " / <eos> ", tok.eos_id());
+  }
   SafetensorsFile f;
   MOEKIT_RETURN_IF_ERROR(SafetensorsFile::open(dir + "/model.safetensors", &f));
   MOEKIT_RETURN_IF_ERROR(check_checkpoint(f, cfg));
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, E = cfg.num_experts, I = cfg.moe_intermediate_size;
-  const int64_t qd = int64_t(cfg.num_attention_heads) * cfg.head_dim, kd = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
   MOEKIT_RETURN_IF_ERROR(load_f32(f, "model.embed_tokens.weight", {V, H}, &embed));
   MOEKIT_RETURN_IF_ERROR(load_f32(f, "lm_head.weight", {V, H}, &lm_head));
   MOEKIT_RETURN_IF_ERROR(load_f32(f, "model.norm.weight", {H}, &final_norm));
@@ -359,10 +434,9 @@ Status MoeModel::Impl::load(const std::string& dir) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "input_layernorm.weight", {H}, &L.in_norm));
     MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
-    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.q_proj.weight", {qd, H}, &L.wq));
-    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.k_proj.weight", {kd, H}, &L.wk));
-    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.v_proj.weight", {kd, H}, &L.wv));
-    MOEKIT_RETURN_IF_ERROR(load_f32(f, p + "self_attn.o_proj.weight", {H, qd}, &L.wo));
+    for (const AttnTensor& t : attention_tensors(cfg, p)) {
+      MOEKIT_RETURN_IF_ERROR(load_f32(f, t.name, t.shape, &(L.*t.field)));
+    }
     const std::string m = p + moe_name + ".";
     // Routed experts stacked: w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I].
     std::vector<float> w1(size_t(E * 2 * I * H)), w2(size_t(E * H * I)), t;
@@ -412,7 +486,8 @@ Status MoeModel::Impl::load(const std::string& dir) {
       }
     }
   }
-  // Hugging Face: inv_freq = 1 / theta ^ (arange(0, hd, 2) / hd), all in f32.
+  // transformers: inv_freq = 1 / theta ^ (arange(0, d, 2) / d), all in f32 (d = head_dim, which
+  // DeepseekV3Config sets to qk_rope_head_dim).
   inv_freq.resize(size_t(cfg.head_dim / 2));
   for (int i = 0; i < cfg.head_dim / 2; ++i) {
     inv_freq[size_t(i)] = 1.0f / std::pow(cfg.rope_theta, float(2 * i) / float(cfg.head_dim));
@@ -546,11 +621,50 @@ Status MoeModel::Impl::moe(const Layer& L, const std::vector<float>& h, int B, s
   return Status::Ok();
 }
 
+void MoeModel::Impl::attention_gqa(const Layer& L, const float* hb, Seq& s, size_t l, float* y) const {
+  const int H = cfg.hidden_size, hd = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  std::vector<float> q(size_t(nh) * hd), k(size_t(nkv) * hd), v(size_t(nkv) * hd), o(size_t(nh) * hd);
+  matvec(L.wq.data(), hb, nh * hd, H, q.data());
+  matvec(L.wk.data(), hb, nkv * hd, H, k.data());
+  matvec(L.wv.data(), hb, nkv * hd, H, v.data());
+  for (int h = 0; h < nh; ++h) rope(q.data() + int64_t(h) * hd, hd, s.pos, inv_freq.data(), cfg.rope_interleave);
+  for (int h = 0; h < nkv; ++h) rope(k.data() + int64_t(h) * hd, hd, s.pos, inv_freq.data(), cfg.rope_interleave);
+  s.k[l].insert(s.k[l].end(), k.begin(), k.end());
+  s.v[l].insert(s.v[l].end(), v.begin(), v.end());
+  attend(q.data(), s.k[l].data(), s.v[l].data(), s.pos + 1, nh, nh / nkv, hd, hd, 1.0f / std::sqrt(float(hd)), o.data());
+  matvec(L.wo.data(), o.data(), H, nh * hd, y);
+}
+
+void MoeModel::Impl::attention_mla(const Layer& L, const float* hb, Seq& s, size_t l, float* y) const {
+  // NOTE: transformers builds kv_a_layernorm as DeepseekV3RMSNorm(kv_lora_rank), eps 1e-6 whatever
+  // rms_norm_eps says.
+  constexpr float kKvNormEps = 1e-6f;
+  const int H = cfg.hidden_size, nh = cfg.num_attention_heads, R = cfg.kv_lora_rank;
+  const int dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, dq = dn + dr;
+  std::vector<float> q(size_t(nh) * dq), a(size_t(R + dr)), kv(size_t(nh) * (dn + dv));
+  std::vector<float> k(size_t(nh) * dq), v(size_t(nh) * dv), o(size_t(nh) * dv);
+  matvec(L.wq.data(), hb, nh * dq, H, q.data());
+  matvec(L.wkv_a.data(), hb, R + dr, H, a.data());   // [c (R) | k_rot (dr)]
+  rmsnorm(a.data(), L.kv_norm.data(), R, kKvNormEps, a.data());
+  matvec(L.wkv_b.data(), a.data(), nh * (dn + dv), R, kv.data());  // head h: [k_nope (dn) | v (dv)]
+  float* k_rot = a.data() + R;
+  rope(k_rot, dr, s.pos, inv_freq.data(), cfg.rope_interleave);
+  for (int h = 0; h < nh; ++h) {
+    rope(q.data() + int64_t(h) * dq + dn, dr, s.pos, inv_freq.data(), cfg.rope_interleave);
+    const float* kvh = kv.data() + int64_t(h) * (dn + dv);
+    std::copy_n(kvh, dn, k.data() + int64_t(h) * dq);
+    std::copy_n(k_rot, dr, k.data() + int64_t(h) * dq + dn);  // the one k_rot every head shares
+    std::copy_n(kvh + dn, dv, v.data() + int64_t(h) * dv);
+  }
+  s.k[l].insert(s.k[l].end(), k.begin(), k.end());
+  s.v[l].insert(s.v[l].end(), v.begin(), v.end());
+  attend(q.data(), s.k[l].data(), s.v[l].data(), s.pos + 1, nh, 1, dq, dv, 1.0f / std::sqrt(float(dq)), o.data());
+  matvec(L.wo.data(), o.data(), H, nh * dv, y);
+}
+
 Status MoeModel::Impl::step(const std::vector<Seq*>& seqs, const std::vector<int32_t>& tokens,
                             std::vector<float>* logits) {
-  const int B = int(seqs.size()), H = cfg.hidden_size, V = cfg.vocab_size, hd = cfg.head_dim;
-  const int nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, rep = nh / nkv;
-  const int qd = nh * hd, kd = nkv * hd;
+  const int B = int(seqs.size()), H = cfg.hidden_size, V = cfg.vocab_size;
   for (int b = 0; b < B; ++b) {
     if (tokens[size_t(b)] < 0 || tokens[size_t(b)] >= V) return InvalidArgument("token id ", tokens[size_t(b)], " outside [0, ", V, ")");
     if (seqs[size_t(b)]->pos >= cfg.max_position_embeddings) {
@@ -559,60 +673,19 @@ Status MoeModel::Impl::step(const std::vector<Seq*>& seqs, const std::vector<int
   }
   std::vector<float> x(size_t(B) * H), h(size_t(B) * H);
   for (int b = 0; b < B; ++b) std::copy_n(embed.data() + int64_t(tokens[size_t(b)]) * H, H, x.data() + int64_t(b) * H);
-  const float scale = 1.0f / std::sqrt(float(hd));
   for (size_t l = 0; l < layers.size(); ++l) {
     const Layer& L = layers[l];
     // Attention: every sequence on its own (its rows and cache), rows split over threads.
     for_rows(B, [&](int b) {
-      std::vector<float> q(static_cast<size_t>(qd)), kv(size_t(2) * kd), o(static_cast<size_t>(qd)),
-          y(static_cast<size_t>(H));
-      Seq& s = *seqs[size_t(b)];
+      std::vector<float> y(static_cast<size_t>(H));
       float* xb = x.data() + int64_t(b) * H;
       float* hb = h.data() + int64_t(b) * H;
       rmsnorm(xb, L.in_norm.data(), H, cfg.rms_norm_eps, hb);
-      matvec(L.wq.data(), hb, qd, H, q.data());
-      matvec(L.wk.data(), hb, kd, H, kv.data());
-      matvec(L.wv.data(), hb, kd, H, kv.data() + kd);
-      // RoPE (rotate-half: dim i pairs with i + hd / 2, both at angle pos * inv_freq[i]).
-      auto rope = [&](float* v, int heads) {
-        for (int hh = 0; hh < heads; ++hh) {
-          float* r = v + int64_t(hh) * hd;
-          for (int i = 0; i < hd / 2; ++i) {
-            const float a = float(s.pos) * inv_freq[size_t(i)], c = std::cos(a), sn = std::sin(a);
-            const float x1 = r[i], x2 = r[i + hd / 2];
-            r[i] = x1 * c - x2 * sn;
-            r[i + hd / 2] = x2 * c + x1 * sn;
-          }
-        }
-      };
-      rope(q.data(), nh);
-      rope(kv.data(), nkv);
-      s.k[l].insert(s.k[l].end(), kv.begin(), kv.begin() + kd);
-      s.v[l].insert(s.v[l].end(), kv.begin() + kd, kv.end());
-      const int n = s.pos + 1;
-      std::vector<float> p(static_cast<size_t>(n));
-      for (int hh = 0; hh < nh; ++hh) {
-        const int g = hh / rep;
-        const float* qh = q.data() + int64_t(hh) * hd;
-        float mx = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-          const float* kj = s.k[l].data() + int64_t(j) * kd + int64_t(g) * hd;
-          float d = 0.0f;
-          for (int i = 0; i < hd; ++i) d += qh[i] * kj[i];
-          p[size_t(j)] = d * scale;
-          mx = std::max(mx, p[size_t(j)]);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < n; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
-        float* oh = o.data() + int64_t(hh) * hd;
-        std::fill(oh, oh + hd, 0.0f);
-        for (int j = 0; j < n; ++j) {
-          const float* vj = s.v[l].data() + int64_t(j) * kd + int64_t(g) * hd;
-          const float pj = p[size_t(j)] / sum;
-          for (int i = 0; i < hd; ++i) oh[i] += pj * vj[i];
-        }
+      if (cfg.family == Family::deepseek) {
+        attention_mla(L, hb, *seqs[size_t(b)], l, y.data());
+      } else {
+        attention_gqa(L, hb, *seqs[size_t(b)], l, y.data());
       }
-      matvec(L.wo.data(), o.data(), H, qd, y.data());
       for (int i = 0; i < H; ++i) xb[i] += y[size_t(i)];
       rmsnorm(xb, L.post_norm.data(), H, cfg.rms_norm_eps, hb);
     });
