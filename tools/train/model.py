@@ -1,27 +1,30 @@
 """The three tiny MoE decoder models and their checkpoint format: the PyTorch reference that the C++
-model runner is compared against.
+model runner is compared against, written to be a checkpoint of a real transformers architecture.
 
-One decoder for all three (pre-norm, RMSNorm, grouped-query attention with RoPE, an MoE block in
-every layer, untied LM head); they differ only in the MoE block, one per routing family of SPEC.md 7:
-  - mixtral  (Mixtral-8x7B):  p = softmax(router logits); top-k of p; renormalize; y = sum w * E(x).
-  - deepseek (DeepSeek-V3):   s = sigmoid(logits); b = s + e_score_correction_bias (selection only);
-                              group score = sum of the top-2 b of each group; keep the topk_group best
-                              groups (others -inf); ids = top-k of b; w = s[ids] renormalized, then
-                              times routed_scaling_factor; plus one shared expert (weight 1).
-  - llama4   (Llama-4):       top-1 of the raw logits; w = sigmoid(logit); the weight multiplies the
-                              expert INPUT: y = E(w * x), no weight at the end; plus a shared expert.
+One decoder layout for all three (pre-norm, RMSNorm, attention with RoPE, an MoE block in every
+layer, untied LM head); they differ in the MoE block, one per routing family of SPEC.md 7, and in
+the attention each architecture uses:
+  - mixtral  (MixtralForCausalLM): grouped-query attention, RoPE rotate-half pairs (i, i + d/2);
+             p = softmax(router logits); top-k of p; renormalize; y = sum w * E(x).
+  - deepseek (DeepseekV3ForCausalLM): multi-head latent attention (MLA, no q LoRA): q = q_proj x per
+             head [q_nope | q_rot]; [c | k_rot] = kv_a_proj_with_mqa x; [k_nope | v] per head =
+             kv_b_proj rmsnorm(c); one k_rot shared by every head; RoPE on the rot parts in
+             interleaved pairs (2i, 2i+1). MoE: s = sigmoid(logits); b = s + e_score_correction_bias
+             (selection only); group score = sum of the top-2 b of each group; keep the topk_group
+             best groups (others -inf); ids = top-k of b; w = s[ids] renormalized, then times
+             routed_scaling_factor; plus one shared expert (weight 1).
+  - llama4   (Llama4ForCausalLM, text): grouped-query attention, RoPE in interleaved pairs (2i, 2i+1)
+             (transformers multiplies complex pairs), no QK-norm, no NoPE or chunked layers;
+             top-1 of the raw logits; w = sigmoid(logit); the weight multiplies the expert INPUT:
+             y = E(w * x), no weight at the end; plus a shared expert.
 Experts are SwiGLU: down(silu(gate x) * up x). Routing runs in f32 (autocast off).
 
 The MoE forward is written the straightforward way -- a loop over experts gathering their tokens --
 so it reads as the specification; nothing here is optimised.
 
-Tensor names follow Hugging Face: Mixtral exactly (MixtralForCausalLM loads the checkpoint and the
-config.json unchanged; tools/train/test_train.py checks the logits), DeepSeek-V3's MoE names
-(mlp.gate, mlp.gate.e_score_correction_bias, mlp.experts.N.*, mlp.shared_experts.*) and Llama-4's
-(feed_forward.router, the fused feed_forward.experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H],
-feed_forward.shared_expert.*); attention and norms use the Llama names in all three. Neither the
-DeepSeek nor the Llama-4 model is the Hugging Face architecture (no MLA, no QK-norm, no NoPE layers),
-so their config.json has model_type moekit_deepseek_v3 / moekit_llama4_text. The full list of names
+Tensor names and config.json keys are transformers' own (model_type mixtral, deepseek_v3,
+llama4_text): `AutoModelForCausalLM.from_pretrained(models/<name>)` loads each checkpoint unchanged,
+and tools/train/test_train.py checks that its logits equal this reference's. The full list of names
 and shapes is in docs/models.md.
 """
 
@@ -37,7 +40,8 @@ import torch.nn.functional as F
 
 FAMILIES = ("mixtral", "deepseek", "llama4")
 MOE_ATTR = {"mixtral": "block_sparse_moe", "deepseek": "mlp", "llama4": "feed_forward"}
-MODEL_TYPE = {"mixtral": "mixtral", "deepseek": "moekit_deepseek_v3", "llama4": "moekit_llama4_text"}
+MODEL_TYPE = {"mixtral": "mixtral", "deepseek": "deepseek_v3", "llama4": "llama4_text"}
+ARCHITECTURE = {"mixtral": "MixtralForCausalLM", "deepseek": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM"}
 
 
 @dataclass
@@ -49,7 +53,11 @@ class ModelConfig:
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2      # GQA: query head h reads kv head h // (heads / kv_heads)
-    head_dim: int = 64
+    head_dim: int = 64                # mixtral, llama4 (deepseek: qk_nope_head_dim + qk_rope_head_dim)
+    kv_lora_rank: int = 128           # deepseek MLA: the compressed kv width R
+    qk_nope_head_dim: int = 32        # deepseek MLA: per-head q/k dims without RoPE
+    qk_rope_head_dim: int = 32        # deepseek MLA: per-head q/k dims with RoPE (k_rot shared by heads)
+    v_head_dim: int = 64              # deepseek MLA: per-head value dims
     num_experts: int = 8              # routed experts E
     num_experts_per_tok: int = 2      # k
     moe_intermediate_size: int = 128  # I of a routed expert
@@ -67,7 +75,9 @@ class ModelConfig:
     def validate(self) -> None:
         assert self.family in FAMILIES, self.family
         assert self.num_attention_heads % self.num_key_value_heads == 0
-        assert self.head_dim % 2 == 0
+        assert self.head_dim % 2 == 0 and self.qk_rope_head_dim % 2 == 0
+        if self.family == "deepseek":
+            assert self.num_key_value_heads == self.num_attention_heads, "MLA expands k and v per head"
         assert 1 <= self.num_experts_per_tok <= self.num_experts
         if self.family == "deepseek":
             assert self.num_experts % self.n_group == 0 and self.topk_group <= self.n_group
@@ -76,51 +86,64 @@ class ModelConfig:
             assert self.num_experts_per_tok == 1, "llama4 routing is top-1"
 
     def hf_config(self) -> Dict:
-        """The config.json of the checkpoint (Hugging Face keys of each family)."""
+        """The config.json of the checkpoint: transformers' keys of the family's architecture, with
+        every feature the reference does not implement switched off explicitly."""
         c = {
-            "model_type": MODEL_TYPE[self.family], "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "architectures": [ARCHITECTURE[self.family]], "model_type": MODEL_TYPE[self.family],
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "hidden_act": "silu",
+            "num_key_value_heads": self.num_key_value_heads, "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0,
             "pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id, "num_experts_per_tok": self.num_experts_per_tok,
-            "initializer_range": 0.02, "torch_dtype": "bfloat16",
+            "initializer_range": 0.02, "dtype": "bfloat16", "use_cache": True,
         }
         if self.family == "mixtral":
-            c.update({"architectures": ["MixtralForCausalLM"], "intermediate_size": self.moe_intermediate_size,
-                      "num_local_experts": self.num_experts, "sliding_window": None, "attention_dropout": 0.0,
-                      "output_router_logits": False, "router_aux_loss_coef": 0.01, "router_jitter_noise": 0.0,
-                      "use_cache": True})
+            c.update({"head_dim": self.head_dim, "intermediate_size": self.moe_intermediate_size,
+                      "num_local_experts": self.num_experts, "sliding_window": None, "output_router_logits": False,
+                      "router_aux_loss_coef": 0.01, "router_jitter_noise": 0.0})
         elif self.family == "deepseek":
             c.update({"moe_intermediate_size": self.moe_intermediate_size, "n_routed_experts": self.num_experts,
                       "n_shared_experts": 1 if self.shared_expert else 0, "n_group": self.n_group,
-                      "topk_group": self.topk_group, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-                      "norm_topk_prob": True, "routed_scaling_factor": self.routed_scaling_factor,
-                      "first_k_dense_replace": 0})
+                      "topk_group": self.topk_group, "norm_topk_prob": True,
+                      "routed_scaling_factor": self.routed_scaling_factor, "first_k_dense_replace": 0,
+                      "intermediate_size": self.moe_intermediate_size, "q_lora_rank": None,
+                      "kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
+                      "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim,
+                      "rope_interleave": True, "num_nextn_predict_layers": 0})
         else:
-            c.update({"intermediate_size": self.moe_intermediate_size, "num_local_experts": self.num_experts,
-                      "interleave_moe_layer_step": 1, "use_qk_norm": False, "router_weight_on_input": True,
-                      "shared_expert": self.shared_expert})
+            n = self.num_hidden_layers
+            c.update({"head_dim": self.head_dim, "intermediate_size": self.moe_intermediate_size,
+                      "intermediate_size_mlp": self.moe_intermediate_size, "num_local_experts": self.num_experts,
+                      "interleave_moe_layer_step": 1, "moe_layers": list(range(n)), "use_qk_norm": False,
+                      "no_rope_layers": [1] * n, "attention_chunk_size": None, "attn_temperature_tuning": False,
+                      "output_router_logits": False, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0})
         return dict(sorted(c.items()))
 
     @staticmethod
     def from_hf_config(name: str, c: Dict) -> "ModelConfig":
         family = {v: k for k, v in MODEL_TYPE.items()}[c["model_type"]]
+        rope = c.get("rope_parameters") or {"rope_theta": c["rope_theta"]}
         common = dict(name=name, family=family, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
                       num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
-                      num_key_value_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                      num_key_value_heads=c["num_key_value_heads"],
                       num_experts_per_tok=c["num_experts_per_tok"], rms_norm_eps=c["rms_norm_eps"],
-                      rope_theta=c["rope_theta"], max_position_embeddings=c["max_position_embeddings"],
+                      rope_theta=rope["rope_theta"], max_position_embeddings=c["max_position_embeddings"],
                       pad_token_id=c["pad_token_id"], bos_token_id=c["bos_token_id"], eos_token_id=c["eos_token_id"])
         if family == "mixtral":
-            return ModelConfig(**common, num_experts=c["num_local_experts"], moe_intermediate_size=c["intermediate_size"])
+            return ModelConfig(**common, head_dim=c["head_dim"], num_experts=c["num_local_experts"],
+                               moe_intermediate_size=c["intermediate_size"])
         if family == "deepseek":
             return ModelConfig(**common, num_experts=c["n_routed_experts"], moe_intermediate_size=c["moe_intermediate_size"],
                                shared_expert=c["n_shared_experts"] == 1, n_group=c["n_group"],
-                               topk_group=c["topk_group"], routed_scaling_factor=c["routed_scaling_factor"])
-        return ModelConfig(**common, num_experts=c["num_local_experts"], moe_intermediate_size=c["intermediate_size"],
-                           shared_expert=c["shared_expert"])
+                               topk_group=c["topk_group"], routed_scaling_factor=c["routed_scaling_factor"],
+                               head_dim=c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
+                               kv_lora_rank=c["kv_lora_rank"], qk_nope_head_dim=c["qk_nope_head_dim"],
+                               qk_rope_head_dim=c["qk_rope_head_dim"], v_head_dim=c["v_head_dim"])
+        return ModelConfig(**common, head_dim=c["head_dim"], num_experts=c["num_local_experts"],
+                           moe_intermediate_size=c["intermediate_size"], shared_expert=True)
 
 
 # The bundled models. Sizes: H and I multiples of 128 (every fp8 scheme of the library applies,
@@ -128,8 +151,8 @@ class ModelConfig:
 PRESETS = {
     "mixtral-tiny": ModelConfig("mixtral-tiny", "mixtral", num_experts=8, num_experts_per_tok=2,
                                 moe_intermediate_size=128),
-    "deepseek-v3-tiny": ModelConfig("deepseek-v3-tiny", "deepseek", num_experts=8, num_experts_per_tok=2,
-                                    moe_intermediate_size=128, shared_expert=True, n_group=4, topk_group=2,
+    "deepseek-v3-tiny": ModelConfig("deepseek-v3-tiny", "deepseek", num_key_value_heads=4, num_experts=8,
+                                    num_experts_per_tok=2, moe_intermediate_size=128, shared_expert=True, n_group=4, topk_group=2,
                                     routed_scaling_factor=2.5, rms_norm_eps=1e-6),
     "llama4-tiny": ModelConfig("llama4-tiny", "llama4", num_hidden_layers=3, num_experts=4, num_experts_per_tok=1,
                                moe_intermediate_size=256, shared_expert=True),
@@ -141,7 +164,8 @@ def smoke_config(cfg: ModelConfig) -> ModelConfig:
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                  moe_intermediate_size=64, num_experts=4)
     if cfg.family == "deepseek":
-        small.update(n_group=2, topk_group=1, num_experts_per_tok=2)
+        small.update(n_group=2, topk_group=1, num_experts_per_tok=2, num_key_value_heads=2, kv_lora_rank=32,
+                     qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32)
     return replace(cfg, name=cfg.name + "-smoke", **small)
 
 
@@ -159,39 +183,80 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Hugging Face's default RoPE (rotate-half pairing: dim i pairs with i + head_dim/2)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+def rope_cos_sin(seq_len: int, dim: int, theta: float, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq_len, dim/2] of angle p * inv_freq[i], inv_freq[i] = theta^(-2i/dim) (f32, as
+    transformers' default RoPE computes them)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)
     freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    return freqs.cos(), freqs.sin()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotates pairs of the last dim of x [..., S, d] by their angles: rotate-half pairs (i, i + d/2)
+    (Llama, Mixtral) or interleaved pairs (2i, 2i+1) (Llama-4's complex product, DeepSeek-V3's
+    rope_interleave); the output keeps the input's layout."""
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
 class Attention(nn.Module):
+    """Causal grouped-query attention (mixtral: rotate-half RoPE; llama4: interleaved RoPE)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.theta, self.interleaved = cfg.rope_theta, cfg.family == "llama4"
         self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
+        cos, sin = rope_cos_sin(s, self.hd, self.theta, x.device)
         q = self.q_proj(x).view(b, s, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.nkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.nkv, self.hd).transpose(1, 2)
-        q = q * cos.to(q.dtype) + rotate_half(q) * sin.to(q.dtype)
-        k = k * cos.to(k.dtype) + rotate_half(k) * sin.to(k.dtype)
+        q, k = apply_rope(q, cos, sin, self.interleaved), apply_rope(k, cos, sin, self.interleaved)
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(head_dim)
         return self.o_proj(o.transpose(1, 2).reshape(b, s, self.nh * self.hd))
+
+
+class MLAttention(nn.Module):
+    """DeepSeek-V3's multi-head latent attention without q LoRA, in transformers' names."""
+
+    KV_NORM_EPS = 1e-6  # transformers builds kv_a_layernorm with its default eps, not rms_norm_eps
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.nh, self.theta = cfg.num_attention_heads, cfg.rope_theta
+        self.dn, self.dr, self.dv, self.r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nh * (self.dn + self.dr), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.r + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.r, self.KV_NORM_EPS)
+        self.kv_b_proj = nn.Linear(self.r, self.nh * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.nh * self.dv, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        cos, sin = rope_cos_sin(s, self.dr, self.theta, x.device)
+        q = self.q_proj(x).view(b, s, self.nh, self.dn + self.dr).transpose(1, 2)
+        q_nope, q_rot = q.split([self.dn, self.dr], dim=-1)
+        c, k_rot = self.kv_a_proj_with_mqa(x).split([self.r, self.dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c)).view(b, s, self.nh, self.dn + self.dv).transpose(1, 2)
+        k_nope, v = kv.split([self.dn, self.dv], dim=-1)
+        q_rot = apply_rope(q_rot, cos, sin, True)
+        k_rot = apply_rope(k_rot[:, None], cos, sin, True).expand(b, self.nh, s, self.dr)
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        k = torch.cat([k_nope, k_rot], dim=-1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(dn + dr)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, self.nh * self.dv))
 
 
 class SwiGLU(nn.Module):
@@ -330,7 +395,7 @@ class MoE(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = MLAttention(cfg) if cfg.family == "deepseek" else Attention(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.moe_attr = MOE_ATTR[cfg.family]
@@ -340,8 +405,8 @@ class DecoderLayer(nn.Module):
     def moe(self) -> MoE:
         return getattr(self, self.moe_attr)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
         h = self.post_attention_layernorm(x)
         return x + self.moe(h.reshape(-1, h.shape[-1])).view(h.shape)
 
@@ -372,10 +437,9 @@ class MoeForCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, S] -> logits [B, S, vocab] (f32). Positions are 0..S-1 in every row."""
-        cos, sin = rope_cos_sin(ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, ids.device)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            x = layer(x)
         return self.lm_head(self.model.norm(x)).float()
 
 
@@ -450,15 +514,22 @@ def checkpoint_tensors(model: MoeForCausalLM) -> Dict[str, torch.Tensor]:
     return out
 
 
-def save_model(model: MoeForCausalLM, out_dir: str, tokenizer_json: Dict) -> None:
+def generation_config(cfg: ModelConfig) -> Dict:
+    """generation_config.json: greedy decoding that stops at eos (what the task's metric uses)."""
+    return {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
+            "do_sample": False}
+
+
+def save_model(model: MoeForCausalLM, out_dir: str, tokenizer) -> None:
+    """A transformers model folder: model.safetensors, config.json, generation_config.json and the
+    tokenizer's tokenizer.json + tokenizer_config.json (tokenizer: a tokenizer.CharTokenizer)."""
     os.makedirs(out_dir, exist_ok=True)
     save_tensors(os.path.join(out_dir, "model.safetensors"), checkpoint_tensors(model), {"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(model.cfg.hf_config(), f, indent=2)
-        f.write("\n")
-    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
-        json.dump(tokenizer_json, f, ensure_ascii=True, indent=1)
-        f.write("\n")
+    for name, obj in (("config.json", model.cfg.hf_config()), ("generation_config.json", generation_config(model.cfg))):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    tokenizer.save_pretrained(out_dir, model.cfg.max_position_embeddings)
 
 
 def load_model(model_dir: str, dtype: torch.dtype = torch.float32) -> MoeForCausalLM:

@@ -3,7 +3,9 @@
     python3 -m unittest discover -s tools/train -p 'test_*.py'          # standard library parts
     /path/to/venv/bin/python -m unittest discover -s tools/train -p 'test_*.py'   # + torch parts
 
-The torch tests are skipped where torch is missing; the Hugging Face check where transformers is.
+The torch tests are skipped where torch is missing; the transformers checks (every family's checkpoint
+loads in transformers' own class with the same logits; AutoTokenizer gives the same ids) where
+transformers is.
 Routing is checked against independently written per-token formulations (sorting, plain loops)
 and the MoE loop against a dense formulation (every expert on every token, a dense weight matrix).
 """
@@ -73,12 +75,40 @@ class TokenizerTest(unittest.TestCase):
             self.tok.encode("a\u00e9")
         with self.assertRaisesRegex(ValueError, "outside"):
             self.tok.decode([99])
+        sp = ["<pad>", "<bos>", "<eos>"]
         with self.assertRaisesRegex(ValueError, "one character"):
-            CharTokenizer(["<p>", "<b>", "<e>", "ab"], {"pad": 0, "bos": 1, "eos": 2})
+            CharTokenizer(sp + ["ab"], {"pad": 0, "bos": 1, "eos": 2})
         with self.assertRaisesRegex(ValueError, "duplicates"):
-            CharTokenizer(["<p>", "<b>", "<e>", "a", "a"], {"pad": 0, "bos": 1, "eos": 2})
+            CharTokenizer(sp + ["a", "a"], {"pad": 0, "bos": 1, "eos": 2})
         with self.assertRaisesRegex(ValueError, "exactly"):
-            CharTokenizer(["<p>", "<b>", "<e>"], {"pad": 0, "bos": 1, "eos": 2, "unk": 2})
+            CharTokenizer(sp, {"pad": 0, "bos": 1, "eos": 2, "unk": 2})
+        with self.assertRaisesRegex(ValueError, "must be '<bos>'"):
+            CharTokenizer(["<pad>", "<b>", "<eos>"], {"pad": 0, "bos": 1, "eos": 2})
+        bad = self.tok.to_json()
+        bad["model"]["type"] = "BPE"
+        with self.assertRaisesRegex(ValueError, "WordLevel"):
+            CharTokenizer.from_json(bad)
+
+    def test_special_token_text_is_the_token(self):
+        # As in Hugging Face: an added token's text in the input is that token.
+        self.assertEqual(self.tok.encode("a<eos>"), self.tok.encode("a") + [self.tok.eos_id])
+        self.assertEqual(self.tok.encode("<bos"), self.tok.encode("<") + self.tok.encode("bos"))
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_auto_tokenizer_gives_the_same_ids(self):
+        from transformers import AutoTokenizer
+        with tempfile.TemporaryDirectory() as d:
+            self.tok.save_pretrained(d, 512)
+            hf = AutoTokenizer.from_pretrained(d)
+        with open(os.path.join(ROOT, "tests", "data", "tokenizer_golden.json")) as f:
+            cases = json.load(f)["cases"]
+        for c in cases:
+            self.assertEqual(hf.encode(c["text"], add_special_tokens=False), c["ids"], c["text"])
+            self.assertEqual(hf.decode(c["ids"], skip_special_tokens=True), self.tok.decode(c["ids"]))
+        self.assertEqual(hf.encode("1+1", add_special_tokens=True), [self.tok.bos_id] + self.tok.encode("1+1"))
+        self.assertEqual((hf.bos_token_id, hf.eos_token_id, hf.pad_token_id), (1, 2, 0))
+        with self.assertRaises(Exception):  # "<unk>" is not in the vocabulary: an error, not a dropped character
+            hf.encode("a\u00e9")
 
     def test_json_round_trip_and_golden_file(self):
         again = CharTokenizer.from_json(json.loads(json.dumps(self.tok.to_json())))
@@ -203,7 +233,7 @@ class ModelTest(unittest.TestCase):
                 cfg = self.small(family)
                 m = self.random_model(cfg)
                 with tempfile.TemporaryDirectory() as d:
-                    M.save_model(m, d, CharTokenizer.default().to_json())
+                    M.save_model(m, d, CharTokenizer.default())
                     state = M.read_safetensors(os.path.join(d, "model.safetensors"))
                     back = M.load_model(d)
                     self.assertEqual(back.cfg, M.replace(cfg, name=os.path.basename(d)))
@@ -219,8 +249,12 @@ class ModelTest(unittest.TestCase):
                           }[family]
                 for name, shape in expect.items():
                     self.assertEqual(list(state[name].shape), shape, name)
-                self.assertEqual(list(state["model.layers.0.self_attn.k_proj.weight"].shape),
-                                 [cfg.num_key_value_heads * cfg.head_dim, h])
+                if family == "deepseek":
+                    self.assertEqual(list(state["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"].shape),
+                                     [cfg.kv_lora_rank + cfg.qk_rope_head_dim, h])
+                else:
+                    self.assertEqual(list(state["model.layers.0.self_attn.k_proj.weight"].shape),
+                                     [cfg.num_key_value_heads * cfg.head_dim, h])
                 for name, t in state.items():
                     want = torch.float32 if name.endswith("e_score_correction_bias") else torch.bfloat16
                     self.assertEqual(t.dtype, want, name)
@@ -232,45 +266,42 @@ class ModelTest(unittest.TestCase):
                 ids = torch.randint(3, 99, (2, 17))
                 self.assertTrue(torch.allclose(back(ids), rounded(ids), atol=1e-5))
 
-    @unittest.skipIf(transformers is None, "transformers is not installed")
-    def test_mixtral_checkpoint_loads_in_transformers(self):
-        from transformers import MixtralForCausalLM
-        cfg = self.small("mixtral")
-        with tempfile.TemporaryDirectory() as d:
-            M.save_model(self.random_model(cfg), d, CharTokenizer.default().to_json())
-            ours = M.load_model(d)
-            hf, info = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+    def assert_transformers_matches(self, d, ours, atol, min_peak):
+        from transformers import AutoModelForCausalLM
+        hf, info = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
         for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
             self.assertFalse(info.get(k), (k, info.get(k)))
-        ids = torch.randint(3, 99, (3, 40))
-        with torch.no_grad():
-            a, b = ours(ids), hf.eval()(ids).logits.float()
-        self.assertGreater(float(a.abs().max()), 1.0)
-        self.assertLess(float((a - b).abs().max()), 1e-4)
-
-    @unittest.skipIf(transformers is None, "transformers is not installed")
-    def test_committed_mixtral_tiny_loads_in_transformers(self):
-        # The trained checkpoint of models/mixtral-tiny, as committed, in MixtralForCausalLM.
-        from transformers import MixtralForCausalLM
-        d = os.path.join(ROOT, "models", "mixtral-tiny")
-        if not os.path.exists(os.path.join(d, "model.safetensors")):
-            self.skipTest("models/mixtral-tiny is not in this checkout")
-        hf, info = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
-        for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-            self.assertFalse(info.get(k), (k, info.get(k)))
-        ours = M.load_model(d).float().eval()
+        self.assertEqual(type(hf).__name__, M.ARCHITECTURE[ours.cfg.family])
         ids = torch.randint(3, 99, (2, 64), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             a, b = ours(ids), hf.eval()(ids).logits.float()
-        self.assertGreater(float(a.abs().max()), 5.0)
-        self.assertLess(float((a - b).abs().max()), 1e-3)
+        self.assertGreater(float(a.abs().max()), min_peak)
+        self.assertLess(float((a - b).abs().max()), atol)
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_checkpoints_load_in_transformers(self):
+        # Each family's folder is a checkpoint of transformers' own class, with the same logits.
+        for family in M.FAMILIES:
+            with self.subTest(family=family), tempfile.TemporaryDirectory() as d:
+                M.save_model(self.random_model(self.small(family)), d, CharTokenizer.default())
+                self.assert_transformers_matches(d, M.load_model(d), 1e-4, 1.0)
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_committed_models_load_in_transformers(self):
+        # The trained checkpoints of models/ and the smoke models, as committed.
+        dirs = [os.path.join(ROOT, "models", n) for n in M.PRESETS]
+        dirs += [os.path.join(ROOT, "tests", "data", "models", n + "-smoke") for n in M.PRESETS]
+        for d in dirs:
+            with self.subTest(model=d):
+                self.assert_transformers_matches(d, M.load_model(d), 1e-3, 0.1)
 
     def test_smoke_training_writes_everything(self):
         with tempfile.TemporaryDirectory() as d:
             T.main(["--smoke", "--model", "llama4-tiny", "--out", d])
             out = os.path.join(d, "llama4-tiny-smoke")
-            self.assertEqual(sorted(os.listdir(out)), ["config.json", "model.safetensors", "reference_logits.safetensors",
-                                                       "tokenizer.json", "train_report.json"])
+            self.assertEqual(sorted(os.listdir(out)), ["config.json", "generation_config.json", "model.safetensors",
+                                                       "reference_logits.safetensors", "tokenizer.json",
+                                                       "tokenizer_config.json", "train_report.json"])
             with open(os.path.join(out, "train_report.json")) as f:
                 report = json.load(f)
             self.assertEqual(report["test"]["n"], 16)

@@ -177,8 +177,18 @@ def train_one(cfg: M.ModelConfig, args, tok: CharTokenizer, data, test: List[Dic
     train_s = time.time() - t0
 
     out_dir = os.path.join(args.out, cfg.name)
-    M.save_model(model.cpu(), out_dir, tok.to_json())
+    M.save_model(model.cpu(), out_dir, tok)
     del model, opt
+    training = {"steps": step, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "train_seconds": round(train_s, 1)}
+    return finish(cfg, out_dir, args, tok, test, train_eval, training)
+
+
+def finish(cfg: M.ModelConfig, out_dir: str, args, tok: CharTokenizer, test: List[Dict], train_eval: List[Dict],
+           training: Dict) -> Dict:
+    """Steps 3 and 4 on a saved model folder: accuracy of the f32 reference, reference logits and
+    train_report.json (`training` holds the training run's numbers)."""
+    dev = torch.device(args.device)
     # The reference: the saved bf16 weights, computed in f32 without TF32.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -191,10 +201,10 @@ def train_one(cfg: M.ModelConfig, args, tok: CharTokenizer, data, test: List[Dic
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     report = {
-        "model": cfg.name, "family": cfg.family, "task": task.TASK_NAME, "n_shot": 0, "metric": "exact_match",
-        "test": res_test, "train": res_train, "parameters": M.param_count(ref), "steps": step, "batch": args.batch,
-        "lr": args.lr, "seed": args.seed, "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:])),
-        "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t1, 1), "device": str(dev),
+        "model": cfg.name, "family": cfg.family, "architecture": M.ARCHITECTURE[cfg.family], "task": task.TASK_NAME,
+        "n_shot": 0, "metric": "exact_match", "test": res_test, "train": res_train,
+        "parameters": M.param_count(ref), **training,
+        "eval_seconds": round(time.time() - t1, 1), "device": str(dev),
         "torch": torch.__version__, "expert_load_test64": load,
         "reference": "bf16 weights of model.safetensors, f32 compute (TF32 off), greedy decoding, no KV cache, "
                      f"at most {MAX_NEW_TOKENS} new tokens",
@@ -204,8 +214,40 @@ def train_one(cfg: M.ModelConfig, args, tok: CharTokenizer, data, test: List[Dic
         f.write("\n")
     print(f"[{cfg.name}] exact match: test {res_test['exact_match']:.4f} +- {res_test['stderr']:.4f} (n={res_test['n']}),"
           f" train {res_train['exact_match']:.4f} +- {res_train['stderr']:.4f} (n={res_train['n']});"
-          f" {step} steps in {train_s:.0f}s -> {out_dir}", flush=True)
+          f" {training.get('steps')} steps in {training.get('train_seconds')}s -> {out_dir}", flush=True)
     return report
+
+
+def rewrite_v1(name: str, out_dir: str, tok: CharTokenizer) -> Dict:
+    """Rewrites a model folder of the first format (moekit-char tokenizer, moekit_* model types, RoPE
+    rotate-half everywhere) as a transformers checkpoint without retraining, where the math allows:
+    mixtral-tiny keeps its tensors; llama4-tiny's q_proj / k_proj rows are permuted per head so that
+    transformers' interleaved RoPE pairs (2i, 2i+1) hold the old pairs (i, i + d/2) -- the same
+    attention scores, exactly. DeepSeek-V3 (MLA) cannot be converted from grouped-query attention:
+    retrain it. Returns the training numbers of the old train_report.json."""
+    with open(os.path.join(out_dir, "config.json")) as f:
+        old = json.load(f)
+    if old["model_type"] not in ("mixtral", "moekit_llama4_text"):
+        raise SystemExit(f"--rewrite: {out_dir} has model_type {old['model_type']!r}; only mixtral and "
+                         "moekit_llama4_text convert (DeepSeek-V3 needs MLA: retrain it)")
+    cfg = M.replace(M.PRESETS[name], vocab_size=len(tok))
+    state = {k: v.float() for k, v in M.read_safetensors(os.path.join(out_dir, "model.safetensors")).items()}
+    if old["model_type"] == "moekit_llama4_text":
+        d = cfg.head_dim
+        perm = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=-1).flatten()  # new 2i <- old i
+        for k in list(state):
+            if k.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+                w = state[k]
+                state[k] = w.view(-1, d, w.shape[1])[:, perm].reshape(w.shape)
+    model = M.MoeForCausalLM(cfg)
+    model.load_state_dict(state, strict=True)
+    M.save_model(model, out_dir, tok)
+    with open(os.path.join(out_dir, "train_report.json")) as f:
+        rep = json.load(f)
+    keep = {k: rep[k] for k in ("steps", "batch", "lr", "seed", "final_loss", "train_seconds") if k in rep}
+    keep["converted"] = ("from the first format (rotate-half RoPE), q/k rows permuted per head"
+                         if old["model_type"] != "mixtral" else "from the first format, tensors unchanged")
+    return keep
 
 
 def main(argv: List[str]) -> int:
@@ -224,6 +266,8 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--device", default=None, help="default: cuda when available (--smoke: cpu)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and a few steps (a CPU check of the pipeline)")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="convert the first-format folders in --out instead of training (mixtral, llama4), then evaluate")
     args = ap.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     names = list(M.PRESETS) if args.model == "all" else args.model.split(",")
@@ -252,6 +296,11 @@ def main(argv: List[str]) -> int:
     for n in names:
         cfg = M.PRESETS[n]
         cfg = M.smoke_config(cfg) if args.smoke else cfg
+        if args.rewrite:
+            out_dir = os.path.join(args.out, n)
+            reports.append(finish(M.replace(cfg, vocab_size=len(tok)), out_dir, args, tok, test, train_eval,
+                                  rewrite_v1(n, out_dir, tok)))
+            continue
         reports.append(train_one(M.replace(cfg, vocab_size=len(tok)), args, tok, data, test, train_eval))
     print("\n| model | family | task | n-shot | metric | test | stderr | train |")
     print("|---|---|---|---|---|---|---|---|")
