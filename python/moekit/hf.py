@@ -7,7 +7,16 @@ adds "moekit" to both, so that
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moekit")
     model.set_experts_implementation("moekit")        # or switch a loaded model
 
-runs the experts of every layer through moekit.fused_experts, with no change to model code.
+runs the experts of every layer through moekit.fused_experts, with no change to model code. Three
+more names run a bf16 / f16 / f32 checkpoint's experts in fp8 W8A8, quantized from the module's
+weights on the first call (like vLLM's online `quantization="fp8"`) and kept on the module:
+
+    "moekit_fp8_tensor"   one scale per expert matrix, activations per tensor
+    "moekit_fp8_channel"  one scale per output row, activations per token
+    "moekit_fp8_block"    128 x 128 weight blocks, activations per 1 x 128 group
+
+The kept copy is keyed on the weights' storage and version counter; an in-place change through
+`param.data` bumps neither, so call `clear_cache(model)` after one.
 `import moekit` calls register() when transformers is installed (MOEKIT_REGISTER_TRANSFORMERS=0
 skips it). Model classes whose experts do not go through the interface (Llama-4's text MoE) take
 the one-call module swap `swap_moe_blocks(model)` (moekit.MoELayer.from_hf_block per block).
@@ -37,6 +46,11 @@ from torch import nn
 from .api import fused_experts
 
 NAME = "moekit"
+#: Model classes whose experts transformers does not route through ExpertsInterface (swap these).
+UNREACHED_BLOCKS = ("Llama4TextMoe",)
+#: experts_implementation name -> moekit.MoELayer quant scheme (None: the weights as they are).
+SCHEMES = {NAME: None, NAME + "_fp8_tensor": "fp8_per_tensor", NAME + "_fp8_channel": "fp8_per_row",
+           NAME + "_fp8_block": "fp8_block"}
 #: transformers versions the parity tests ran against (tests/python/test_hf_experts.py).
 TESTED_TRANSFORMERS = ((5, 17), (5, 24))
 
@@ -65,7 +79,8 @@ def register() -> None:
         warnings.warn(f"moekit.hf: transformers {transformers.__version__} is outside the tested range "
                       f"{'.'.join(map(str, TESTED_TRANSFORMERS[0]))}..{'.'.join(map(str, TESTED_TRANSFORMERS[1]))}",
                       stacklevel=2)
-    ExpertsInterface.register(NAME, experts_forward)
+    for name, quant in SCHEMES.items():
+        ExpertsInterface.register(name, experts_forward if quant is None else _quantized_forward(quant))
     try:
         from transformers.integrations.finegrained_fp8 import FP8ExpertsInterface
     except ImportError:
@@ -184,6 +199,64 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     return out.to(hidden_states.dtype)
 
 
+_BLOCK = (128, 128)
+
+
+def _quantized_forward(quant: str):
+    """The ExpertsInterface entry of one online fp8 scheme (SCHEMES)."""
+
+    def forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        _refuse(self)
+        activation = _activation(self)
+        if _needs_grad(self, hidden_states, top_k_weights):
+            return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=False)
+        w1, s1, w2, s2 = _fp8_weights(self, quant)
+        kw = {"per_channel_quant": True} if quant == "fp8_per_row" else \
+            {"block_shape": list(_BLOCK)} if quant == "fp8_block" else {}
+        x = hidden_states if hidden_states.dtype in (torch.bfloat16, torch.float16) else hidden_states.to(torch.bfloat16)
+        out = fused_experts(x, w1, w2, top_k_weights, _ids(self, top_k_index), activation=activation,
+                            use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2, **kw)
+        return out.to(hidden_states.dtype)
+
+    forward.__name__ = f"moekit_{quant}_experts_forward"
+    return forward
+
+
+def _fp8_weights(module: nn.Module, quant: str):
+    """(w1, w1_scale, w2, w2_scale) of `module` quantized per `quant`, made once and kept on the
+    module under a key of the source weights' storage, version, shape and device."""
+    from .api import quantize_fp8
+    gate_up = (module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj).detach()
+    down = module.down_proj.detach()
+    key = (quant,) + tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device)) for t in (gate_up, down))
+    kept = getattr(module, "_moekit_fp8", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    w1, w2 = _plain(module, gate_up, down)
+    if quant == "fp8_per_tensor":  # [E] scales: one per expert matrix
+        q1, s1 = zip(*(quantize_fp8(w, "per_tensor") for w in w1))
+        q2, s2 = zip(*(quantize_fp8(w, "per_tensor") for w in w2))
+        made = (torch.stack(q1), torch.cat(s1), torch.stack(q2), torch.cat(s2))
+    elif quant == "fp8_per_row":
+        made = quantize_fp8(w1, "per_row") + quantize_fp8(w2, "per_row")
+    else:
+        made = quantize_fp8(w1, "block", block=_BLOCK) + quantize_fp8(w2, "block", block=_BLOCK)
+    module._moekit_fp8 = (key, made)
+    return made
+
+
+def clear_cache(model: nn.Module) -> int:
+    """Drops every fp8 copy the moekit_fp8_* implementations kept on `model`'s experts modules
+    (after an in-place weight change through param.data); returns how many."""
+    n = 0
+    for m in model.modules():
+        if getattr(m, "_moekit_fp8", None) is not None:
+            m._moekit_fp8 = None
+            n += 1
+    return n
+
+
 def _fp8_scales(module: nn.Module, w1: torch.Tensor, s1: torch.Tensor, w2: torch.Tensor,
                 s2: torch.Tensor) -> Tuple[Optional[Tuple[int, int]], torch.Tensor, torch.Tensor]:
     """(block_shape or None for per-tensor, w1_scale, w2_scale) in moekit's form, f32."""
@@ -227,12 +300,16 @@ def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_inde
 
 
 # ------------------------------------------------------------------- module swap (Llama-4)
-def swap_moe_blocks(model: nn.Module, quant: Optional[str] = None) -> int:
+def swap_moe_blocks(model: nn.Module, quant: Optional[str] = None, only: Optional[Tuple[str, ...]] = None) -> int:
     """Replaces every MoE block that moekit.MoELayer.from_hf_block knows (Llama-4's Llama4TextMoe,
     Mixtral, Qwen3-MoE, DeepSeek-V3) by a MoELayer holding the same weights; returns how many.
-    For model classes whose experts do not go through transformers' ExpertsInterface."""
+    For model classes whose experts do not go through transformers' ExpertsInterface. `quant`: a
+    MoELayer scheme (fp8_per_tensor, fp8_per_row, fp8_block) or an experts_implementation name of
+    SCHEMES; `only`: block class names to swap (default: all known)."""
     from .layer import _HF_BLOCKS, MoELayer
-    swaps = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
+    quant = SCHEMES.get(quant, quant)
+    kinds = set(only) if only is not None else set(_HF_BLOCKS)
+    swaps = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS.keys() & kinds]
     for name, block in swaps:
         layer = MoELayer.from_hf_block(block, quant=quant)
         if type(block).__name__ == "Llama4TextMoe":
@@ -249,7 +326,4 @@ class _Llama4Output(nn.Module):
         self.layer = layer
 
     def forward(self, hidden_states: torch.Tensor):
-        shape = hidden_states.shape
-        flat = hidden_states.reshape(-1, shape[-1])
-        logits, _, _ = self.layer.route(flat)
-        return self.layer(flat), logits
+        return self.layer.forward_with_logits(hidden_states.reshape(-1, hidden_states.shape[-1]))

@@ -226,18 +226,22 @@ class MoELayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [..., H] -> [..., H]: routed experts (+ shared expert)."""
+        return self.forward_with_logits(hidden_states)[0]
+
+    def forward_with_logits(self, hidden_states: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """forward(), and the router logits [T, E] it routed with (what transformers' blocks return)."""
         if not self._prepared:
             raise RuntimeError("MoELayer: no expert weights loaded (load_experts / load_fused_experts / "
                                "load_checkpoint / from_hf_block)")
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden_size)
-        _, w, ids = self.route(x)
+        logits, w, ids = self.route(x)
         out = fused_experts(x, self.w1, self.w2, w, ids, activation=self.activation,
                             apply_router_weight_on_input=self.routing == "sigmoid_top1_input", **self._quant_kwargs())
         if self.shared_w1 is not None:
             gate, up = F.linear(x, self.shared_w1).chunk(2, dim=-1)
             out = out + F.linear(_TORCH_ACT[self.activation](gate) * up, self.shared_w2)
-        return out.reshape(shape)
+        return out.reshape(shape), logits
 
     def extra_repr(self) -> str:
         return (f"H={self.hidden_size}, I={self.intermediate_size}, E={self.num_experts}, k={self.top_k}, "

@@ -19,6 +19,8 @@ models built on the CPU.
                              transformers' grouped_mm reads is_concatenated nowhere (only a custom
                              _apply_gate, which moekit refuses, de-interleaves there)
   test_fp8_*                 transformers' FP8Experts (block scales) against a dequantized reference
+  test_online_fp8_*          moekit_fp8_{tensor,channel,block}: bf16 experts quantized once, kept,
+                             and refreshed (or cleared with clear_cache) after a weight change
   test_llama4_swap           moekit.hf.swap_moe_blocks on Llama-4 text
   test_compile               torch.compile of a model running "moekit"
 
@@ -480,13 +482,17 @@ def test_expert_parallel_sentinels(moekit_calls):
     ids[0] = E  # a token with only sentinels
     w = torch.rand(T, k, generator=g) + 0.1  # nonzero at the sentinels too: they must still drop out
     assert bool((ids >= E).any()) and bool((ids < E).any())
-    out = {impl: run_experts(module, impl, x, ids, w) for impl in ("moekit", "grouped_mm", "batched_mm")}
-    assert len(moekit_calls) == 1
+    out = {impl: run_experts(module, impl, x, ids, w) for impl in ("moekit", "grouped_mm")}
+    # batched_mm clamps sentinel ids into range and relies on the router having zeroed their
+    # weights (RouterParallel does; transformers 5.17): compare it on such weights.
+    wz = torch.where(ids >= E, torch.zeros_like(w), w)
+    torch.testing.assert_close(run_experts(module, "moekit", x, ids, wz), out["moekit"], rtol=0, atol=0)
+    torch.testing.assert_close(run_experts(module, "batched_mm", x, ids, wz), out["moekit"], rtol=1e-5, atol=1e-6,
+                               msg="batched_mm")
+    assert len(moekit_calls) == 2
     # eager takes id == E (its one_hot has E + 1 classes) as "skip" (transformers >= 5.24; older
-    # eager raises on it, and the other two are the reference there)
+    # eager raises on it, and grouped_mm is the reference there)
     impls = ["grouped_mm"]
-    if "sentinel" in inspect.getsource(hf_moe.batched_mm_experts_forward):  # older ones add sentinel rows in
-        impls.append("batched_mm")
     try:
         out["eager"] = run_experts(module, "eager", x, ids.clamp(max=E), w)
         impls.append("eager")
@@ -656,6 +662,64 @@ def test_fp8_block_experts(moekit_calls):
     assert r_exact < 6e-2, r_exact
 
 
+ONLINE_FP8 = {"moekit_fp8_tensor": "fp8_per_tensor", "moekit_fp8_channel": "fp8_per_row",
+              "moekit_fp8_block": "fp8_block"}
+
+
+@pytest.mark.parametrize("layout", ["plain", "transposed", "interleaved", "up_only"])
+@pytest.mark.parametrize("impl", list(ONLINE_FP8))
+def test_online_fp8_schemes(impl, layout, moekit_calls):
+    """moekit_fp8_*: a bf16 module's experts quantized at the first call, kept, and run W8A8:
+    close to eager bf16 (fp8 rounding), no re-quantization on later calls, a fresh copy after a
+    weight change the version counter sees, and after clear_cache() for one it does not."""
+    assert mhf.SCHEMES[impl] == ONLINE_FP8[impl]
+    flags = LAYOUTS[layout]
+    module = experts_class(**flags)(experts_config(E=4, H=256, inter=128)).to(torch.bfloat16)
+    x, ids, w = experts_inputs(T=24, H=256, E=4, k=2, seed=3, dtype=torch.bfloat16)
+    ref = run_experts(module, "eager", x, ids, w).float()
+    got = run_experts(module, impl, x, ids, w)
+    assert moekit_calls == [torch.float8_e4m3fn] and got.dtype == torch.bfloat16
+    err = _rel(got, ref)
+    print(f"\n[hf-parity] {impl} {layout}: rel error vs eager bf16 {err:.4f}")
+    assert err < 0.08, err
+    kept = module._moekit_fp8
+    torch.testing.assert_close(run_experts(module, impl, x, ids, w), got, rtol=0, atol=0)
+    assert module._moekit_fp8 is kept  # no second quantization
+    param = "gate_up_proj" if flags.get("has_gate", True) else "up_proj"
+    with torch.no_grad():
+        getattr(module, param).mul_(2)  # bumps the version counter: a fresh copy
+    assert _rel(run_experts(module, impl, x, ids, w), run_experts(module, "eager", x, ids, w).float()) < 0.08
+    assert module._moekit_fp8 is not kept
+    getattr(module, param).data.mul_(0.5)  # .data: invisible to the key until clear_cache()
+    stale = run_experts(module, impl, x, ids, w)
+    assert _rel(stale, ref) > 0.2
+    holder = nn.ModuleList([module])
+    assert mhf.clear_cache(holder) == 1 and module._moekit_fp8 is None
+    assert _rel(run_experts(module, impl, x, ids, w), ref) < 0.08
+
+
+def test_online_fp8_model(moekit_calls):
+    """experts_implementation="moekit_fp8_block" on a whole model: every layer's experts through
+    moekit's fp8 path; per layer, on the same inputs (router flips cannot enter), within fp8
+    rounding of eager bf16."""
+    model = tiny_model("mixtral", hidden_size=128, intermediate_size=128).to(torch.bfloat16)
+    ids = prompt(4)
+    logits(model, ids, "moekit_fp8_block")
+    assert set(moekit_calls) == {torch.float8_e4m3fn} and len(moekit_calls) == model.config.num_hidden_layers
+    model.set_experts_implementation("eager")
+    errs = []
+    for module, args, kw in capture_experts_inputs(model, ids):
+        with torch.no_grad():
+            ref = module(*args, **kw).float()
+            module.config._experts_implementation = "moekit_fp8_block"
+            got = module(*args, **kw).float()
+            module.config._experts_implementation = "eager"
+        errs.append(_rel(got, ref))
+    print(f"\n[hf-parity] mixtral moekit_fp8_block per-layer rel error vs eager bf16: "
+          f"{', '.join(f'{e:.4f}' for e in errs)}")
+    assert len(errs) == model.config.num_hidden_layers and max(errs) < 0.08, errs
+
+
 @pytest.mark.parametrize("kind, match", [
     pytest.param("static", "activation_scheme='static'", id="static"),
     pytest.param("small_2i", r"2I < block size", id="small_2i"),
@@ -692,7 +756,20 @@ def test_llama4_swap():
     with torch.no_grad():
         ref = model(ids).logits
     tok_ref, _ = greedy(model, ids, "eager")
+    block = model.model.layers[0].feed_forward
+    h = torch.randn(5, cfg.hidden_size)
+    with torch.no_grad():
+        _, block_logits = block(h)
     assert mhf.swap_moe_blocks(model) == 2
+    from moekit.layer import MoELayer
+    routes = []
+    real_route = MoELayer.route
+    swapped = model.model.layers[0].feed_forward
+    swapped.layer.route = lambda x: routes.append(1) or real_route(swapped.layer, x)
+    with torch.no_grad():
+        out, got_logits = swapped(h)
+    assert len(routes) == 1  # routed once per forward
+    torch.testing.assert_close(got_logits, block_logits)
     assert not any(type(m).__name__ == "Llama4TextMoe" for m in model.modules())
     with torch.no_grad():
         got = model(ids).logits
