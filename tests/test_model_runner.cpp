@@ -275,11 +275,26 @@ TEST(ModelRunner, ConfigErrorsNameTheKey) {
          j["interleave_moe_layer_step"] = 2;
        },
        "'interleave_moe_layer_step' = 2 is not supported"},
-      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["attention_chunk_size"] = 128; },
+      {"llama4-tiny-smoke",
+       [](nlohmann::json& j) {
+         j["attention_chunk_size"] = 128;
+         j["layer_types"][1] = "chunked_attention";
+       },
        "'attention_chunk_size' = 128 is not supported (must be null or >= max_position_embeddings 512"},
       {"llama4-tiny-smoke",
        [](nlohmann::json& j) {
+         j.erase("layer_types");
+         j["attention_chunk_size"] = 128;
+       },
+       "'attention_chunk_size' = 128 is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["layer_types"][0] = "sliding_attention"; },
+       "'layer_types'[0] = \"sliding_attention\" is not supported"},
+      {"llama4-tiny-smoke", [](nlohmann::json& j) { j["layer_types"] = {"full_attention"}; },
+       "'layer_types' must be a list of 2 strings"},
+      {"llama4-tiny-smoke",
+       [](nlohmann::json& j) {
          j.erase("attention_chunk_size");
+         j.erase("layer_types");
          j["max_position_embeddings"] = 10000;
        },
        "'attention_chunk_size' = 8192 (transformers' default) is not supported"},
@@ -563,6 +578,7 @@ TEST(ModelRunner, RejectsCheckpointTensorsTheConfigDoesNotUse) {
     const int layers = cfg["num_hidden_layers"].get<int>();
     ASSERT_GE(layers, 2);
     cfg["num_hidden_layers"] = layers - 1;
+    if (cfg.contains("layer_types")) cfg["layer_types"].erase(cfg["layer_types"].size() - 1);  // one per layer
     d.text("config.json", cfg.dump());
     expect_load_error(dir, StatusCode::invalid_argument,
                       "model.safetensors: tensor 'model.layers." + std::to_string(layers - 1) + ".");

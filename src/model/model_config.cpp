@@ -228,10 +228,28 @@ Status parse_llama4(const nlohmann::json& j, ModelConfig* c) {
                              " is not supported (must be 1: the runner has no dense MLP layers)");
     }
   }
+  // layer_types: full or chunked attention per layer. Absent, transformers makes every RoPE layer
+  // chunked when attention_chunk_size is set (and all of them use RoPE here).
+  bool any_chunked = true;
+  const auto lt = j.find("layer_types");
+  if (lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || lt->size() != size_t(L)) {
+      return InvalidArgument("config.json: 'layer_types' must be a list of ", L, " strings, got ", short_dump(*lt));
+    }
+    any_chunked = false;
+    for (size_t l = 0; l < lt->size(); ++l) {
+      const auto& t = (*lt)[l];
+      if (!t.is_string() || (t != "full_attention" && t != "chunked_attention")) {
+        return InvalidArgument("config.json: 'layer_types'[", l, "] = ", short_dump(t),
+                               " is not supported (full_attention or chunked_attention)");
+      }
+      any_chunked = any_chunked || t == "chunked_attention";
+    }
+  }
   // Chunked attention equals full attention when a chunk holds every position (transformers'
   // default chunk is 8192).
   const auto chunk = j.find("attention_chunk_size");
-  if (chunk == j.end() || !chunk->is_null()) {
+  if (any_chunked && (chunk == j.end() || !chunk->is_null())) {
     int size = 8192;
     if (chunk != j.end()) MOEKIT_RETURN_IF_ERROR(get_int(j, "attention_chunk_size", 1, 1 << 30, &size));
     if (size < c->max_position_embeddings) {

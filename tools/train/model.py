@@ -118,7 +118,9 @@ class ModelConfig:
             c.update({"head_dim": self.head_dim, "intermediate_size": self.moe_intermediate_size,
                       "intermediate_size_mlp": self.moe_intermediate_size, "num_local_experts": self.num_experts,
                       "interleave_moe_layer_step": 1, "moe_layers": list(range(n)), "use_qk_norm": False,
-                      "no_rope_layers": [1] * n, "attention_chunk_size": None, "attn_temperature_tuning": False,
+                      "no_rope_layers": [1] * n, "layer_types": ["full_attention"] * n,
+                      # unused by full-attention layers, but transformers 5.17 wants a value
+                      "attention_chunk_size": 8192, "attn_temperature_tuning": False,
                       "output_router_logits": False, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0})
         return dict(sorted(c.items()))
 
