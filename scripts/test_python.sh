@@ -12,6 +12,8 @@
 #                      whose Python already holds torch and scikit-build-core (the GPU image)
 #   TORCH_SPEC=torch   what `pip install` gets when torch is missing (e.g. "torch==2.15.0")
 #   TRANSFORMERS_SPEC=transformers==5.24.0   installed when missing or (in a venv) another version
+#   LM_EVAL_SPEC="lm-eval[hf]==0.4.13"   installed when lm_eval is missing (tests/python/test_lm_eval.py);
+#                      LM_EVAL_SPEC=none skips it (that test then skips)
 #   MOEKIT_CUDA=OFF    build the CPU backends only even where nvcc and a CUDA torch exist
 #                      (default AUTO: the CUDA backend too when both are present)
 #   CMAKE_BUILD_PARALLEL_LEVEL=N   build jobs (default: all cores)
@@ -47,6 +49,11 @@ fi
 TRANSFORMERS_SPEC=${TRANSFORMERS_SPEC:-transformers==5.24.0}
 if ! "$PY" -c "import transformers" 2>/dev/null || [[ $VENV != none && $("$PY" -c "import transformers; print(transformers.__version__)") != "${TRANSFORMERS_SPEC#transformers==}" && $TRANSFORMERS_SPEC == transformers==* ]]; then
   step "pip install $TRANSFORMERS_SPEC" "$PY" -m pip install -q "$TRANSFORMERS_SPEC"
+fi
+# lm-eval (PyPI, its HF backend): the accuracy table's harness (scripts/lm_eval_table.py).
+LM_EVAL_SPEC=${LM_EVAL_SPEC:-lm-eval[hf]==0.4.13}
+if [[ $LM_EVAL_SPEC != none ]] && ! "$PY" -c "import lm_eval, accelerate" 2>/dev/null; then
+  step "pip install $LM_EVAL_SPEC" "$PY" -m pip install -q "$LM_EVAL_SPEC"
 fi
 step "pip install . (libmoekit + torch.ops.moekit)" "$PY" -m pip install -q ${PIP_FLAGS[@]+"${PIP_FLAGS[@]}"} .
 # `import moekit` finds the installed package: the sources live in python/moekit, not on sys.path.
