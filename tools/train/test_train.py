@@ -295,6 +295,23 @@ class ModelTest(unittest.TestCase):
             with self.subTest(model=d):
                 self.assert_transformers_matches(d, M.load_model(d), 1e-3, 0.1)
 
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_transformers_agrees_with_the_reference_logits(self):
+        # reference_logits.safetensors is what the C++ runner is held to (tests/test_model_runner.cpp):
+        # transformers' own class gives the same argmax at >= 99% of the positions, in f32.
+        from transformers import AutoModelForCausalLM
+        for n in M.PRESETS:
+            d = os.path.join(ROOT, "models", n)
+            with self.subTest(model=n):
+                ref = M.read_safetensors(os.path.join(d, "reference_logits.safetensors"))
+                hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+                ids, lens = ref["input_ids"][:16].long(), ref["lengths"][:16]
+                with torch.no_grad():
+                    am = hf(ids).logits.argmax(-1)
+                mask = torch.arange(ids.shape[1])[None, :] < lens[:, None]
+                agree = float((am == ref["argmax"][:16].long())[mask].float().mean())
+                self.assertGreaterEqual(agree, 0.99, agree)
+
     def test_smoke_training_writes_everything(self):
         with tempfile.TemporaryDirectory() as d:
             T.main(["--smoke", "--model", "llama4-tiny", "--out", d])
