@@ -105,11 +105,10 @@ Status simulate_host_impl(const std::vector<RankInputs>& ranks, int Eg, const Op
 
 Status simulate_host(const std::vector<RankInputs>& ranks, int Eg, const Options& opts) {
   MOEKIT_RETURN_IF_ERROR(validate(ranks, Eg, /*on_device=*/false));
-  try {  // the simulation's buffers are host vectors: a failed allocation is a Status, not a throw
-    return simulate_host_impl(ranks, Eg, opts);
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory("ep::simulate_host: a host allocation failed (", ranks.size(), " ranks, Eg = ", Eg, ")");
-  }
+  // The simulation's buffers are host vectors: a failed allocation is a Status, not a throw.
+  return status_of([&] { return simulate_host_impl(ranks, Eg, opts); },
+                   [&] { return "ep::simulate_host (" + std::to_string(ranks.size()) + " ranks, Eg = " +
+                                std::to_string(Eg) + ")"; });
 }
 
 }  // namespace moekit::ep

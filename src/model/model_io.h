@@ -48,17 +48,7 @@ std::string short_dump(const nlohmann::json& v, size_t max_chars = 100);
 // std::length_error (a size past what a container can hold), Internal for anything else.
 template <class Fn>
 Status no_throw(const std::string& what, Fn&& fn) noexcept {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory(what, ": out of host memory");
-  } catch (const std::length_error& e) {
-    return OutOfMemory(what, ": out of host memory (", e.what(), ")");
-  } catch (const std::exception& e) {
-    return Internal(what, ": unexpected exception: ", e.what());
-  } catch (...) {
-    return Internal(what, ": unexpected exception");
-  }
+  return status_of(std::forward<Fn>(fn), [&]() -> const std::string& { return what; });
 }
 
 }  // namespace moekit::model

@@ -65,15 +65,8 @@ Status dispatch(OpKind op, MoeVariant variant, const void* params, const RunOpti
   }
   // The API never throws: an allocation inside a kernel (or an exception from a thread pool task)
   // becomes a Status here, the one place every op's call passes.
-  try {
-    return k->run(params, ctx);
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory("kernel ", k->name, ": a host allocation failed [", shape_key, "]");
-  } catch (const std::exception& e) {
-    return Internal("kernel ", k->name, " threw: ", e.what());
-  } catch (...) {
-    return Internal("kernel ", k->name, " threw a non-standard exception");
-  }
+  return status_of([&] { return k->run(params, ctx); },
+                   [&] { return std::string("kernel ") + k->name + " [" + shape_key + "]"; });
 }
 
 

@@ -4,7 +4,9 @@
 // and value ("topk_ids: dtype must be i32, got f32"). Nothing in moekit throws across the API.
 #pragma once
 
+#include <new>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -68,6 +70,29 @@ Status OutOfMemory(const Args&... args) {
 template <class... Args>
 Status Internal(const Args&... args) {
   return Status(StatusCode::internal, status_detail::concat(args...));
+}
+
+// Runs fn() (which returns a Status) and turns an exception into one, so that nothing throws
+// across the API: std::bad_alloc and std::length_error (a size the machine cannot hold) become
+// OutOfMemory "<what>: out of host memory", anything else Internal "<what>: unexpected exception:
+// ...". describe() names the call (a kernel and its shape, a file) and runs only on an exception.
+template <class Fn, class Describe>
+Status status_of(Fn&& fn, const Describe& describe) noexcept {
+  try {
+    try {
+      return fn();
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory(describe(), ": out of host memory");
+    } catch (const std::length_error& e) {
+      return OutOfMemory(describe(), ": out of host memory (", e.what(), ")");
+    } catch (const std::exception& e) {
+      return Internal(describe(), ": unexpected exception: ", e.what());
+    } catch (...) {
+      return Internal(describe(), ": unexpected non-standard exception");
+    }
+  } catch (...) {  // describe() itself could not allocate
+    return Status(StatusCode::out_of_memory, std::string());
+  }
 }
 
 }  // namespace moekit
