@@ -19,7 +19,11 @@ from . import _ops
 from .api import *  # noqa: F401,F403
 from .api import USE_FUSED_MOE, __all__ as _api_all
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (VERSION at build time: the one source)
+    from importlib.metadata import PackageNotFoundError as _NotFound, version as _version
+    __version__ = _version("moekit")
+except _NotFound:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = list(_api_all) + ["MoELayer", "ops"]
 
 #: The raw ops (torch.ops.moekit), present when the extension is loaded.
