@@ -2,6 +2,7 @@
 # builds against, as an imported target `moekit_torch_libs`, and sets
 #   MOEKIT_TORCH_CUDA   ON when that torch is a CUDA build
 #   MOEKIT_TORCH_LIBDIR its lib/ folder
+#   MOEKIT_TORCH_VERSION its torch.__version__ (recorded in the package: python/moekit/_ops.py)
 # and compiles everything after it with torch's _GLIBCXX_USE_CXX11_ABI.
 # A CPU-only torch turns MOEKIT_CUDA=AUTO into OFF (the extension could not reach a CUDA stream).
 #
@@ -37,6 +38,7 @@ list(GET _moekit_torch_fields 1 MOEKIT_TORCH_LIBDIR)
 list(GET _moekit_torch_fields 2 _moekit_torch_abi)
 list(GET _moekit_torch_fields 3 MOEKIT_TORCH_CUDA)
 list(GET _moekit_torch_fields 4 _moekit_torch_version)
+set(MOEKIT_TORCH_VERSION "${_moekit_torch_version}")
 string(REPLACE "|" ";" _moekit_torch_includes "${_moekit_torch_includes}")
 message(STATUS "moekit: torch ${_moekit_torch_version} (CUDA build: ${MOEKIT_TORCH_CUDA}) in ${MOEKIT_TORCH_LIBDIR}")
 

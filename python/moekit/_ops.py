@@ -41,12 +41,32 @@ _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_moekit_ops
 load_error: str | None = None
 
 
+def torch_mismatch(built: str, running: str) -> str | None:
+    """The message when the extension was built against torch `built` and this is `running`, else
+    None. torch promises no C++ ABI across versions (local tags such as +cu130 included), so they
+    must be equal; MOEKIT_SKIP_TORCH_CHECK=1 loads anyway."""
+    if built == running or os.environ.get("MOEKIT_SKIP_TORCH_CHECK") == "1":
+        return None
+    return (f"moekit was built against torch {built}, but this is torch {running}: the extension is not "
+            "loaded (its C++ ABI is torch's). Rebuild it in this environment: pip install --force-reinstall "
+            "--no-deps . (from moekit's source); MOEKIT_SKIP_TORCH_CHECK=1 loads it anyway")
+
+
 def _load() -> bool:
     global load_error
     if hasattr(torch.ops, "moekit") and hasattr(torch.ops.moekit, "fused_moe"):
         return True  # already loaded (e.g. by a test that loaded a build-tree copy first)
     if not os.path.exists(_LIBRARY):
         load_error = f"{_LIBRARY} does not exist (install the package with `pip install .`)"
+        return False
+    try:
+        from ._build_info import TORCH_VERSION as built
+    except ImportError:  # a build tree without the installed record
+        built = torch.__version__
+    load_error = torch_mismatch(built, torch.__version__)
+    if load_error is not None:
+        import warnings
+        warnings.warn(load_error, stacklevel=3)
         return False
     try:
         torch.ops.load_library(_LIBRARY)
