@@ -211,12 +211,11 @@ def _quantized_forward(quant: str):
         activation = _activation(self)
         if _needs_grad(self, hidden_states, top_k_weights):
             return _fallback(self, hidden_states, top_k_index, top_k_weights, fp8=False)
+        from .layer import fp8_experts_kwargs
         w1, s1, w2, s2 = _fp8_weights(self, quant)
-        kw = {"per_channel_quant": True} if quant == "fp8_per_row" else \
-            {"block_shape": list(_BLOCK)} if quant == "fp8_block" else {}
         x = hidden_states if hidden_states.dtype in (torch.bfloat16, torch.float16) else hidden_states.to(torch.bfloat16)
         out = fused_experts(x, w1, w2, top_k_weights, _ids(self, top_k_index), activation=activation,
-                            use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2, **kw)
+                            **fp8_experts_kwargs(quant, _BLOCK, s1, s2))
         return out.to(hidden_states.dtype)
 
     forward.__name__ = f"moekit_{quant}_experts_forward"
@@ -226,22 +225,14 @@ def _quantized_forward(quant: str):
 def _fp8_weights(module: nn.Module, quant: str):
     """(w1, w1_scale, w2, w2_scale) of `module` quantized per `quant`, made once and kept on the
     module under a key of the source weights' storage, version, shape and device."""
-    from .api import quantize_fp8
+    from .layer import quantize_experts
     gate_up = (module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj).detach()
     down = module.down_proj.detach()
     key = (quant,) + tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device)) for t in (gate_up, down))
     kept = getattr(module, "_moekit_fp8", None)
     if kept is not None and kept[0] == key:
         return kept[1]
-    w1, w2 = _plain(module, gate_up, down)
-    if quant == "fp8_per_tensor":  # [E] scales: one per expert matrix
-        q1, s1 = zip(*(quantize_fp8(w, "per_tensor") for w in w1))
-        q2, s2 = zip(*(quantize_fp8(w, "per_tensor") for w in w2))
-        made = (torch.stack(q1), torch.cat(s1), torch.stack(q2), torch.cat(s2))
-    elif quant == "fp8_per_row":
-        made = quantize_fp8(w1, "per_row") + quantize_fp8(w2, "per_row")
-    else:
-        made = quantize_fp8(w1, "block", block=_BLOCK) + quantize_fp8(w2, "block", block=_BLOCK)
+    made = quantize_experts(*_plain(module, gate_up, down), quant, _BLOCK)
     module._moekit_fp8 = (key, made)
     return made
 

@@ -57,6 +57,31 @@ def _stack(w: Weights, name: str) -> torch.Tensor:
     return torch.stack([t.detach() for t in w])
 
 
+def quantize_experts(w1: torch.Tensor, w2: torch.Tensor, quant: str, block_shape: Sequence[int] = (128, 128)):
+    """(q1, s1, q2, s2): w1 [E, N, K] and w2 in fp8 e4m3 with the scales of scheme `quant` (one of
+    QUANT_SCHEMES): fp8_per_tensor [E] (one per expert matrix), fp8_per_row [E, N, 1],
+    fp8_block [E, ceil(N / bn), ceil(K / bk)]."""
+    if quant == "fp8_per_tensor":
+        q1, s1 = zip(*(quantize_fp8(w, "per_tensor") for w in w1))
+        q2, s2 = zip(*(quantize_fp8(w, "per_tensor") for w in w2))
+        return torch.stack(q1), torch.cat(s1), torch.stack(q2), torch.cat(s2)
+    if quant == "fp8_per_row":
+        return quantize_fp8(w1, "per_row") + quantize_fp8(w2, "per_row")
+    if quant == "fp8_block":
+        return quantize_fp8(w1, "block", block=block_shape) + quantize_fp8(w2, "block", block=block_shape)
+    raise ValueError(f"quant: must be one of {QUANT_SCHEMES[1:]}, got {quant!r}")
+
+
+def fp8_experts_kwargs(quant: str, block_shape: Sequence[int], w1_scale: torch.Tensor, w2_scale: torch.Tensor) -> dict:
+    """fused_experts' keyword arguments for experts made by quantize_experts(quant)."""
+    kw = dict(use_fp8_w8a8=True, w1_scale=w1_scale, w2_scale=w2_scale)
+    if quant == "fp8_per_row":
+        kw["per_channel_quant"] = True
+    elif quant == "fp8_block":
+        kw["block_shape"] = list(block_shape)
+    return kw
+
+
 def activation_of(module: nn.Module) -> str:
     """moekit's name for a transformers / torch activation module (SiLU, GELU, GELU-tanh)."""
     name = type(module).__name__
@@ -140,17 +165,8 @@ class MoELayer(nn.Module):
         w2 = down.detach().to(device=dev, dtype=self.dtype).contiguous()
         if self.quant is None:
             self.w1, self.w2 = w1, w2
-        elif self.quant == "fp8_per_tensor":  # one scale per expert matrix: [E]
-            q1, s1 = zip(*(quantize_fp8(w, "per_tensor") for w in w1))
-            q2, s2 = zip(*(quantize_fp8(w, "per_tensor") for w in w2))
-            self.w1, self.w2 = torch.stack(q1), torch.stack(q2)
-            self.w1_scale, self.w2_scale = torch.cat(s1), torch.cat(s2)
-        elif self.quant == "fp8_per_row":  # one scale per output row: [E, N, 1]
-            (self.w1, self.w1_scale) = quantize_fp8(w1, "per_row")
-            (self.w2, self.w2_scale) = quantize_fp8(w2, "per_row")
-        else:  # fp8_block: [E, ceil(N / bn), ceil(K / bk)]
-            (self.w1, self.w1_scale) = quantize_fp8(w1, "block", block=self.block_shape)
-            (self.w2, self.w2_scale) = quantize_fp8(w2, "block", block=self.block_shape)
+        else:
+            self.w1, self.w1_scale, self.w2, self.w2_scale = quantize_experts(w1, w2, self.quant, self.block_shape)
         self._prepared = True
         return self
 
@@ -217,12 +233,7 @@ class MoELayer(nn.Module):
     def _quant_kwargs(self) -> dict:
         if self.quant is None:
             return {}
-        kw = dict(use_fp8_w8a8=True, w1_scale=self.w1_scale, w2_scale=self.w2_scale)
-        if self.quant == "fp8_per_row":
-            kw["per_channel_quant"] = True
-        elif self.quant == "fp8_block":
-            kw["block_shape"] = list(self.block_shape)
-        return kw
+        return fp8_experts_kwargs(self.quant, self.block_shape, self.w1_scale, self.w2_scale)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [..., H] -> [..., H]: routed experts (+ shared expert)."""
