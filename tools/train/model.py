@@ -211,15 +211,14 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.theta, self.interleaved = cfg.rope_theta, cfg.family == "llama4"
+        self.interleaved = cfg.family == "llama4"
         self.q_proj = nn.Linear(cfg.hidden_size, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        cos, sin = rope_cos_sin(s, self.hd, self.theta, x.device)
         q = self.q_proj(x).view(b, s, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.nkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.nkv, self.hd).transpose(1, 2)
@@ -237,7 +236,7 @@ class MLAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.nh, self.theta = cfg.num_attention_heads, cfg.rope_theta
+        self.nh = cfg.num_attention_heads
         self.dn, self.dr, self.dv, self.r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
         self.q_proj = nn.Linear(cfg.hidden_size, self.nh * (self.dn + self.dr), bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.r + self.dr, bias=False)
@@ -245,9 +244,8 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.r, self.nh * (self.dn + self.dv), bias=False)
         self.o_proj = nn.Linear(self.nh * self.dv, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        cos, sin = rope_cos_sin(s, self.dr, self.theta, x.device)
         q = self.q_proj(x).view(b, s, self.nh, self.dn + self.dr).transpose(1, 2)
         q_nope, q_rot = q.split([self.dn, self.dr], dim=-1)
         c, k_rot = self.kv_a_proj_with_mqa(x).split([self.r, self.dr], dim=-1)
@@ -407,8 +405,8 @@ class DecoderLayer(nn.Module):
     def moe(self) -> MoE:
         return getattr(self, self.moe_attr)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         h = self.post_attention_layernorm(x)
         return x + self.moe(h.reshape(-1, h.shape[-1])).view(h.shape)
 
@@ -439,9 +437,12 @@ class MoeForCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, S] -> logits [B, S, vocab] (f32). Positions are 0..S-1 in every row."""
+        cfg = self.cfg
+        rope_dim = cfg.qk_rope_head_dim if cfg.family == "deepseek" else cfg.head_dim  # the rotated dims
+        cos, sin = rope_cos_sin(ids.shape[1], rope_dim, cfg.rope_theta, ids.device)  # once, for every layer
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            x = layer(x)
+            x = layer(x, cos, sin)
         return self.lm_head(self.model.norm(x)).float()
 
 

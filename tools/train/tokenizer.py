@@ -63,6 +63,8 @@ class CharTokenizer:
             if s in self.char_to_id:
                 raise ValueError(f"tokenizer: vocab[{i}] {s!r} duplicates vocab[{self.char_to_id[s]}]")
             self.char_to_id[s] = i
+        # (text, id) of the special tokens, longest first: matched in encode's input as HF does.
+        self.special_texts = sorted(((self.vocab[i], i) for i in special_ids), key=lambda t: -len(t[0]))
 
     @classmethod
     def default(cls) -> "CharTokenizer":
@@ -86,10 +88,9 @@ class CharTokenizer:
         return len(self.vocab)
 
     def encode(self, text: str) -> List[int]:
-        specials = sorted(((self.vocab[i], i) for i in self.special_tokens.values()), key=lambda t: -len(t[0]))
         ids, pos = [], 0
         while pos < len(text):
-            hit = next(((s, i) for s, i in specials if text.startswith(s, pos)), None)
+            hit = next(((s, i) for s, i in self.special_texts if text.startswith(s, pos)), None)
             if hit is not None:  # an added token's text is that token (HF matches added tokens first)
                 ids.append(hit[1])
                 pos += len(hit[0])
