@@ -1,11 +1,12 @@
-"""moekit: fused Mixture-of-Experts operators for PyTorch (torch.ops.moekit) and a vLLM-style API.
+"""moekit: fused Mixture-of-Experts operators for PyTorch (torch.ops.moekit) and vLLM 0.33's API.
 
     import moekit
-    w, ids = moekit.fused_topk(x, router_logits, topk=2, renormalize=True)
+    w, ids, _ = moekit.fused_topk(x, router_logits, topk=2, renormalize=True)
     y = moekit.fused_experts(x, w1, w2, w, ids)
 
-Functions: moekit.api (fused_topk, grouped_topk, sigmoid_topk, fused_experts, shuffle_weight,
-unshuffle_weight, quantize_fp8, convert_fp8_fnuz_to_fn, sort_tokens); the raw ops:
+Functions: moekit.api (fused_topk, grouped_topk, fused_experts with vLLM 0.33's signatures;
+sigmoid_topk, prepack, unprepack, shuffle_weight, unshuffle_weight, quantize_fp8,
+convert_fp8_fnuz_to_fn, sort_tokens); the raw ops:
 torch.ops.moekit.* (schemas in csrc/torch/schemas.cpp); the MoE layer: moekit.MoELayer
 (moekit.layer); transformers' experts implementation "moekit" (moekit.hf, registered here when
 transformers is installed: from_pretrained(..., experts_implementation="moekit")).

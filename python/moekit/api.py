@@ -1,4 +1,4 @@
-"""The public functions of the ``moekit`` package (vLLM fused-MoE conventions).
+"""The public functions of the ``moekit`` package, with the signatures of vLLM 0.33's fused-MoE functions.
 
 Each function allocates its outputs and calls one torch.ops.moekit op (csrc/torch/), or, when the
 environment switch ``MOEKIT_USE_FUSED_MOE`` is off, the pure-torch twin of the same name prefixed
@@ -6,22 +6,29 @@ environment switch ``MOEKIT_USE_FUSED_MOE`` is off, the pure-torch twin of the s
 library's own switches (MOEKIT_BACKEND, MOEKIT_FORCE_KERNEL, MOEKIT_PRINT_DISPATCH,
 MOEKIT_DETERMINISTIC, MOEKIT_NUM_THREADS; docs/env.md) apply to the op path as they do in C++.
 
+vLLM 0.33 (the pinned version): fused_topk, grouped_topk and fused_experts take the parameters of
+vllm.model_executor.layers.fused_moe's functions of the same name, in the same order with the same
+defaults, and return what they return (fused_topk: three tensors). fused_experts also takes
+moekit's fp8 keywords and weight_layout as keyword-only extras; its activation (str or
+MoEActivation) and quant_config (FusedMoEQuantConfig, duck-typed) are read by moekit._vllm_args,
+without importing vLLM. prepack / unprepack lay weights out for weight_layout (the packed CPU path).
+
 Contracts: SPEC.md and include/moekit/ops/*.h; argument errors raise ValueError with the C++
 message ("moekit.fused_moe: topk_ids: shape must be [4, 2], got [4, 3]") or this module's
 ("moekit: topk_ids: dtype must be ..."), unsupported problems NotImplementedError, a failed
 allocation torch.OutOfMemoryError (docs/python.md, "Errors"). Tests: tests/python/test_ops.py,
-test_errors.py; docs: docs/python.md.
+test_errors.py, test_api_vllm.py; docs: docs/python.md.
 """
 
 from __future__ import annotations
 
 import operator
 import os
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
-from . import _ops
+from . import _ops, _vllm_args
 
 __all__ = [
     "USE_FUSED_MOE",
@@ -29,6 +36,8 @@ __all__ = [
     "grouped_topk",
     "sigmoid_topk",
     "fused_experts",
+    "prepack",
+    "unprepack",
     "shuffle_weight",
     "unshuffle_weight",
     "quantize_fp8",
@@ -176,31 +185,66 @@ def _routing_outputs(gating_output: torch.Tensor, topk: int) -> Tuple[torch.Tens
 
 
 # ------------------------------------------------------------------------------------ routing
-def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int,
-               renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Softmax top-k (SPEC 1.1; Mixtral, Qwen3): (topk_weights f32 [T, k], topk_ids int32 [T, k])."""
+def _token_expert_indices(T: int, k: int, device: torch.device) -> torch.Tensor:
+    """[T, k] int32, [t, j] = j * T + t: the row of (token t, slot j) in slot-major order (what vLLM's
+    topk_softmax / topk_sigmoid kernels write, and moekit's topk_softmax op)."""
+    slots = torch.arange(k, dtype=torch.int32, device=device).unsqueeze(0) * T
+    return slots + torch.arange(T, dtype=torch.int32, device=device).unsqueeze(1)
+
+
+def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
+               indices_type: Optional[torch.dtype] = None, scoring_func: str = "softmax"
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing (SPEC 1.1; Mixtral, Qwen3), vLLM 0.33's fused_topk.
+
+    Returns (topk_weights f32 [T, k], topk_ids [T, k] int32 (or indices_type), token_expert_indices
+    int32 [T, k] with [t, j] = j * T + t). scoring_func "softmax": weights = softmax(logits) of the
+    top k, renormalized to sum 1 if asked. "sigmoid": the top k logits, weights = sigmoid(logit),
+    renormalized if asked (rows whose weights sum to 0 kept as they are); ids and weights from the
+    sigmoid_topk op, the renormalization and token_expert_indices in torch. The ids are picked on
+    the logits, which orders them as their sigmoids do, except that logits above ~17 whose sigmoids
+    round to the same f32 value are still told apart here (vLLM's kernel takes the lower id).
+    """
     if not USE_FUSED_MOE:
-        return _reference().ref_fused_topk(hidden_states, gating_output, topk, renormalize)
+        return _reference().ref_fused_topk(hidden_states, gating_output, topk, renormalize, indices_type,
+                                           scoring_func)
     _check_tokens(hidden_states, gating_output)
-    weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
-    token_expert_indices = torch.empty_like(ids)
-    torch.ops.moekit.topk_softmax(weights, ids, token_expert_indices, gating_output, renormalize)
-    return weights, ids
+    k = _check_topk(topk, gating_output)
+    _vllm_args.check_indices_type(indices_type, gating_output.shape[1], "moekit: ")
+    _require(scoring_func in ("softmax", "sigmoid"),
+             f"scoring_func: must be 'softmax' or 'sigmoid', got {scoring_func!r}")
+    weights, ids = _routing_outputs(gating_output, k)
+    if scoring_func == "softmax":
+        token_expert_indices = torch.empty_like(ids)
+        torch.ops.moekit.topk_softmax(weights, ids, token_expert_indices, gating_output, renormalize)
+    else:
+        torch.ops.moekit.sigmoid_topk(weights, ids, gating_output)
+        if renormalize:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = torch.where(total > 0, weights / total, weights)
+        token_expert_indices = _token_expert_indices(ids.shape[0], k, ids.device)
+    if indices_type is not None and indices_type != torch.int32:
+        ids = ids.to(indices_type)
+    return weights, ids, token_expert_indices
 
 
 def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
-                 num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
-                 e_score_correction_bias: Optional[torch.Tensor] = None,
-                 routed_scaling_factor: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Grouped top-k (SPEC 1.2; DeepSeek-V2/V3): (topk_weights f32 [T, k], topk_ids int32 [T, k]).
+                 num_expert_group: int = 0, topk_group: int = 0, scoring_func: str = "softmax",
+                 routed_scaling_factor: float = 1.0, e_score_correction_bias: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Grouped top-k (SPEC 1.2; DeepSeek-V2/V3), vLLM 0.33's grouped_topk: (topk_weights f32 [T, k],
+    topk_ids int32 [T, k]).
 
     The correction bias is for selection only and is used in f32; routed_scaling_factor is applied
-    here, once (the model must not apply it again).
+    here, once, as vLLM's grouped_topk does (the model must not apply it again). num_expert_group
+    must be set (>= 1, dividing E): vLLM's default 0 means no groups, where its router calls
+    fused_topk instead.
     """
     if not USE_FUSED_MOE:
         return _reference().ref_grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group,
-                                             topk_group, scoring_func, e_score_correction_bias,
-                                             routed_scaling_factor)
+                                             topk_group, scoring_func, routed_scaling_factor,
+                                             e_score_correction_bias)
+    _vllm_args.check_grouped_args(num_expert_group, routed_scaling_factor, e_score_correction_bias, "moekit: ")
     _check_tokens(hidden_states, gating_output)
     weights, ids = _routing_outputs(gating_output, _check_topk(topk, gating_output))
     bias = e_score_correction_bias
@@ -225,16 +269,21 @@ def sigmoid_topk(gating_output: torch.Tensor, topk: int = 1) -> Tuple[torch.Tens
 
 # ----------------------------------------------------------------------------------- fused MoE
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, *, activation: str = "silu", apply_router_weight_on_input: bool = False,
-                  use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+                  topk_ids: torch.Tensor, activation: Any = "silu", apply_router_weight_on_input: bool = False,
+                  global_num_experts: int = -1, expert_map: Optional[torch.Tensor] = None, quant_config: Any = None,
+                  *, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
                   block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
                   w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
-                  expert_map: Optional[torch.Tensor] = None, global_num_experts: int = -1,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Fused MoE (SPEC 3): returns out [T, H] of hidden_states' dtype (written in place when given).
+                  weight_layout: str = "row_major", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fused MoE (SPEC 3), vLLM 0.33's fused_experts: returns out [T, H] of hidden_states' dtype
+    (written in place when given).
 
     w1 [E, 2I, H] (gate rows, then up rows; [E, I, H] = gate only), w2 [E, H, I]; topk_ids [T, k]
-    global expert ids (-1 = none), topk_weights [T, k]. Schemes, picked from the data (SPEC 6):
+    global expert ids (-1 = none), topk_weights [T, k]. activation: "silu", "gelu" (erf),
+    "gelu_tanh", or a vLLM MoEActivation (SILU, GELU, GELU_TANH; *_NO_MUL = gate-only w1).
+    The quantization comes either as vLLM's quant_config (a FusedMoEQuantConfig or any object with
+    its attributes; mapping in moekit._vllm_args.quant_kwargs) or as moekit's keyword-only
+    extras, not both. Schemes, picked from the data (SPEC 6):
       use_fp8_w8a8 and block_shape (bn, bk): fp8 weights, w1_scale [E, ceil(2I/bn), ceil(H/bk)],
         w2_scale [E, ceil(H/bn), ceil(I/bk)], activations quantized per 1 x bk group  (SPEC 3.3)
       use_fp8_w8a8: fp8 weights, per-tensor [E] or per-row [E, N(, 1)] scales, activations per
@@ -246,13 +295,23 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     another integer dtype (int64 from torch.topk) are converted to int32, int64 values checked first
     (one host sync on CUDA; see _index_tensor); topk_weights of another float dtype to float32.
     Other dtypes (float / bool / complex ids, integer weights) raise ValueError.
+    weight_layout: how w1 and w2 are laid out, never guessed (a laid-out tensor keeps its shape and
+    dtype): "row_major", "cpu_vnni2_n32" (from prepack: the AVX-512 BF16 CPU kernels' fast path) or
+    "shuffled_16x16" (from shuffle_weight / prepack).
     """
     if not USE_FUSED_MOE:
         return _reference().ref_fused_experts(
-            hidden_states, w1, w2, topk_weights, topk_ids, activation=activation,
-            apply_router_weight_on_input=apply_router_weight_on_input, use_fp8_w8a8=use_fp8_w8a8,
+            hidden_states, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input,
+            global_num_experts, expert_map, quant_config, use_fp8_w8a8=use_fp8_w8a8,
             per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
-            a1_scale=a1_scale, expert_map=expert_map, global_num_experts=global_num_experts, out=out)
+            a1_scale=a1_scale, weight_layout=weight_layout, out=out)
+    act = _vllm_args.activation_name(activation, w1, w2, "moekit: ")
+    weight_layout = _vllm_args.check_weight_layout(weight_layout, "weight_layout", "moekit: ")
+    q = _vllm_args.quant_kwargs(quant_config, dict(
+        use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale,
+        w2_scale=w2_scale, a1_scale=a1_scale), "moekit: ")
+    use_fp8_w8a8, per_channel_quant, block_shape = q["use_fp8_w8a8"], q["per_channel_quant"], q["block_shape"]
+    w1_scale, w2_scale, a1_scale = q["w1_scale"], q["w2_scale"], q["a1_scale"]
     fp8_weights = w1.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
     _require(use_fp8_w8a8 == fp8_weights,
              f"use_fp8_w8a8={use_fp8_w8a8} does not match the weights: w1 dtype is {w1.dtype}")
@@ -284,7 +343,8 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     _follow_torch_threads(hidden_states)
     bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
     torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
-                               None, expert_map, activation, apply_router_weight_on_input, bn, bk)
+                               None, expert_map, act, apply_router_weight_on_input, bn, bk,
+                               weight_layout=weight_layout)
     return out
 
 
@@ -305,6 +365,48 @@ def unshuffle_weight(w: torch.Tensor) -> torch.Tensor:
         return _reference().ref_unshuffle_weight(w)
     out = torch.empty_like(w, memory_format=torch.contiguous_format)
     torch.ops.moekit.unshuffle_weight(out, w)
+    return out
+
+
+def prepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
+    """w [..., N, K] laid out for fused_experts(..., weight_layout=layout): a contiguous tensor of
+    the same shape and dtype, new but for row_major (SPEC 4; moekit/ops/layout.h). Done once, at
+    load, for w1 and w2.
+
+    "cpu_vnni2_n32": each [N, K] matrix as 32-row VNNI-2 panels [N/32][K/2][32][2] (pack_weight);
+    bf16, f16 and fp8 e4m3 weights, N % 32 == 0 and K % 2 == 0, CPU tensors only. The CPU kernels
+    with AVX-512 BF16 read them on their fast path (fused_moe_avx512_bf16; fp8 per-tensor / per-row:
+    fused_moe_avx512_fp8_row; H and I multiples of 32); the other kernels read them element by
+    element, with the same result as row_major but slower, so pack only for such CPUs.
+    "shuffled_16x16": AITER's layout (shuffle_weight). "row_major": w itself, made contiguous.
+    A packed tensor looks like any other (same shape, dtype, strides): fused_experts learns its
+    layout from weight_layout only, and packing twice is not detected. unprepack is the inverse.
+    """
+    if not USE_FUSED_MOE:
+        return _reference().ref_prepack(w, layout)
+    layout = _vllm_args.check_weight_layout(layout, "layout", "moekit: ")
+    if layout == "row_major":
+        return w.contiguous()
+    if layout == "shuffled_16x16":
+        return shuffle_weight(w)
+    w = w.contiguous()
+    out = torch.empty_like(w)
+    torch.ops.moekit.pack_weight(out, w, layout)
+    return out
+
+
+def unprepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
+    """The exact inverse of prepack(w, layout): the row_major weights, bit for bit."""
+    if not USE_FUSED_MOE:
+        return _reference().ref_unprepack(w, layout)
+    layout = _vllm_args.check_weight_layout(layout, "layout", "moekit: ")
+    if layout == "row_major":
+        return w.contiguous()
+    if layout == "shuffled_16x16":
+        return unshuffle_weight(w)
+    w = w.contiguous()
+    out = torch.empty_like(w)
+    torch.ops.moekit.unpack_weight(out, w, layout)
     return out
 
 

@@ -221,7 +221,7 @@ class MoELayer(nn.Module):
         rdt = self.router_dtype or x.dtype
         logits = F.linear(x.to(rdt), self.gate_weight.to(rdt))
         if self.routing == "softmax_topk":
-            w, ids = fused_topk(x, logits, self.top_k, self.renormalize)
+            w, ids, _ = fused_topk(x, logits, self.top_k, self.renormalize)
         elif self.routing == "grouped_sigmoid":
             w, ids = grouped_topk(x, logits, self.top_k, self.renormalize, self.n_group, self.topk_group,
                                   scoring_func="sigmoid", e_score_correction_bias=self.e_score_correction_bias,

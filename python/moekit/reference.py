@@ -5,6 +5,10 @@ Every public function of moekit.api has a twin here, same signature, prefixed ``
   ref_fused_experts                                      fused MoE, every scheme (SPEC 3.1-3.5)
   ref_quantize_fp8, ref_convert_fp8_fnuz_to_fn           quantization helpers (SPEC 5)
   ref_shuffle_weight, ref_unshuffle_weight               AITER (16, 16) layout (SPEC 4)
+  ref_prepack, ref_unprepack                             weight layouts for fused_experts (SPEC 4)
+fused_topk, grouped_topk and fused_experts have the signatures of vLLM 0.33's functions; the
+arguments they share with vLLM (activation, quant_config, weight_layout) are read by
+moekit._vllm_args, the same code the op path uses.
 moekit.api runs these instead of torch.ops.moekit.* when MOEKIT_USE_FUSED_MOE=0, and the op tests
 (tests/python/test_ops.py) compare the ops with them. They follow the C++ reference kernels
 (src/ops/*/*_ref.cpp) rule for rule: f32 math, the same non-finite rules, the same fp8 rounding
@@ -17,18 +21,18 @@ tests/data/dtype_golden.json).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from . import _vllm_args
 
 # amax floor of every dynamic fp8 scale: an all-zero group gets scale 1e-12 / fp8_max, not 0
 # (moekit/ops/quant.h kFp8AmaxFloor).
 FP8_AMAX_FLOOR = 1e-12
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 GRANULARITIES = ("per_tensor", "per_row", "per_token_group", "block")
-# Accepted activation names -> canonical name (moekit/ops/fused_moe.h parse_activation).
-ACTIVATIONS = {"silu": "silu", "swiglu": "silu", "gelu": "gelu", "gelu_erf": "gelu", "gelu_tanh": "gelu_tanh"}
 
 _NEG_INF = float("-inf")
 
@@ -118,29 +122,51 @@ def _check_topk(topk: int, num_experts: int, name: str = "topk") -> None:
 
 
 # ---------------------------------------------------------------- routing (SPEC 1)
-def ref_fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int,
-                   renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Softmax top-k (SPEC 1.1; Mixtral, Qwen3-MoE): (weights f32 [T, k], ids int32 [T, k])."""
+def _token_expert_indices(T: int, k: int, device) -> torch.Tensor:
+    """[T, k] int32 with [t, j] = j * T + t (the slot-major row of each (token, slot))."""
+    slot_major = torch.arange(k, device=device).unsqueeze(0) * T + torch.arange(T, device=device).unsqueeze(1)
+    return slot_major.to(torch.int32)
+
+
+def ref_fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
+                   indices_type: Optional[torch.dtype] = None, scoring_func: str = "softmax"
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing (SPEC 1.1; Mixtral, Qwen3-MoE), vLLM 0.33's fused_topk: (weights f32 [T, k],
+    ids [T, k] int32 (or indices_type), token_expert_indices int32 [T, k], [t, j] = j * T + t).
+
+    softmax: ids = top-k of softmax(logits), weights = those probabilities. sigmoid: ids = top-k of
+    the logits (ref_sigmoid_topk), weights = sigmoid(logit). Either renormalized to sum 1 if asked.
+    """
     _check_gating(gating_output, hidden_states)
     _check_topk(topk, gating_output.shape[1])
-    p = _softmax(gating_output)
-    ids = _topk_desc(p, topk)
-    w = p.gather(1, ids)
+    _vllm_args.check_indices_type(indices_type, gating_output.shape[1])
+    _require(scoring_func in ("softmax", "sigmoid"),
+             f"scoring_func: must be 'softmax' or 'sigmoid', got {scoring_func!r}")
+    if scoring_func == "softmax":
+        p = _softmax(gating_output)
+        ids = _topk_desc(p, topk).to(torch.int32)
+        w = p.gather(1, ids.long())
+    else:
+        w, ids = ref_sigmoid_topk(gating_output, topk)
     if renormalize:
         w = _renormalize(w)
-    return w, ids.to(torch.int32)
+    T = gating_output.shape[0]
+    return w, ids.to(indices_type or torch.int32), _token_expert_indices(T, topk, gating_output.device)
 
 
 def ref_grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
-                     num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
-                     e_score_correction_bias: Optional[torch.Tensor] = None,
-                     routed_scaling_factor: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Grouped top-k (SPEC 1.2; DeepSeek-V2/V3): (weights f32 [T, k], ids int32 [T, k]).
+                     num_expert_group: int = 0, topk_group: int = 0, scoring_func: str = "softmax",
+                     routed_scaling_factor: float = 1.0, e_score_correction_bias: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Grouped top-k (SPEC 1.2; DeepSeek-V2/V3), vLLM 0.33's grouped_topk: (weights f32 [T, k], ids
+    int32 [T, k]).
 
     s = scoring(logits); b = s + bias (selection only); group score = sum of the top-2 b of the group
     with a bias, its max without; the topk_group best groups stay; ids = top-k of b among them;
     weights = s[ids], renormalized if asked, then times routed_scaling_factor (its only place).
+    num_expert_group must divide E (vLLM's default 0, no groups, is refused).
     """
+    _vllm_args.check_grouped_args(num_expert_group, routed_scaling_factor, e_score_correction_bias)
     _check_gating(gating_output, hidden_states)
     T, E = gating_output.shape
     _require(num_expert_group >= 1 and E % num_expert_group == 0,
@@ -323,11 +349,57 @@ def ref_shuffle_weight(w: torch.Tensor, layout: Sequence[int] = (16, 16)) -> tor
 
 def ref_unshuffle_weight(w: torch.Tensor) -> torch.Tensor:
     """Exact inverse of ref_shuffle_weight."""
-    lead, N, K, V = _shuffle_dims(w, (16, 16), "w")
+    return _unprepack(w, "shuffled_16x16", "w")
+
+
+VNNI_PANEL_N, VNNI_PAIR_K = 32, 2  # cpu_vnni2_n32 (moekit/ops/layout.h kVnniPanelN, kVnniPairK)
+
+
+def _vnni_dims(w: torch.Tensor, name: str):
+    _require(2 <= w.dim() <= 4, f"{name}: must have 2-4 dims [..., N, K], got shape {_shape(w)}")
+    _require(w.dtype in (torch.bfloat16, torch.float16) + _vllm_args.FP8_DTYPES,
+             f"{name}: layout cpu_vnni2_n32 needs bf16, f16 or fp8 e4m3 elements, got {w.dtype}")
+    N, K = w.shape[-2], w.shape[-1]
+    _require(N % VNNI_PANEL_N == 0 and K % VNNI_PAIR_K == 0,
+             f"{name}: layout cpu_vnni2_n32 needs N % 32 == 0 and K % 2 == 0, got [N, K] = [{N}, {K}]")
+    return list(w.shape[:-2]), N, K
+
+
+def ref_prepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
+    """w [..., N, K] in `layout` (same shape and dtype, contiguous). cpu_vnni2_n32: each [N, K] as
+    [N/32, 32, K/2, 2] -> [N/32, K/2, 32, 2], i.e. dst(n, c) = ((n/32 * K/2 + c/2) * 32 + n%32) * 2
+    + c%2; shuffled_16x16: ref_shuffle_weight; row_major: w made contiguous."""
+    _vllm_args.check_weight_layout(layout, "layout")
+    if layout == "row_major":
+        return w.contiguous()
+    if layout == "shuffled_16x16":
+        return ref_shuffle_weight(w)
+    lead, N, K = _vnni_dims(w, "w")
     d = len(lead)
-    tiles = w.reshape(*lead, N // 16, K // 32, 32 // V, 16, V)
-    perm = list(range(d)) + [d, d + 3, d + 1, d + 2, d + 4]
-    return tiles.permute(*perm).contiguous().view(w.shape)
+    panels = w.reshape(*lead, N // VNNI_PANEL_N, VNNI_PANEL_N, K // VNNI_PAIR_K, VNNI_PAIR_K)
+    perm = list(range(d)) + [d, d + 2, d + 1, d + 3]
+    return panels.permute(*perm).contiguous().view(w.shape)
+
+
+def ref_unprepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
+    """Exact inverse of ref_prepack(w, layout): the row_major weights."""
+    _vllm_args.check_weight_layout(layout, "layout")
+    return _unprepack(w, layout, "w")
+
+
+def _unprepack(w: torch.Tensor, layout: str, name: str) -> torch.Tensor:
+    if layout == "row_major":
+        return w.contiguous()
+    if layout == "shuffled_16x16":
+        lead, N, K, V = _shuffle_dims(w, (16, 16), name)
+        d = len(lead)
+        tiles = w.reshape(*lead, N // 16, K // 32, 32 // V, 16, V)
+        return tiles.permute(*(list(range(d)) + [d, d + 3, d + 1, d + 2, d + 4])).contiguous().view(w.shape)
+    lead, N, K = _vnni_dims(w, name)
+    d = len(lead)
+    panels = w.reshape(*lead, N // VNNI_PANEL_N, K // VNNI_PAIR_K, VNNI_PANEL_N, VNNI_PAIR_K)
+    perm = list(range(d)) + [d, d + 2, d + 1, d + 3]
+    return panels.permute(*perm).contiguous().view(w.shape)
 
 
 
@@ -387,14 +459,14 @@ def _block_gemm(q: torch.Tensor, q_scale: torch.Tensor, wq: torch.Tensor, w_scal
 
 
 def ref_fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, *, activation: str = "silu",
-                      apply_router_weight_on_input: bool = False, use_fp8_w8a8: bool = False,
-                      per_channel_quant: bool = False, block_shape: Optional[Sequence[int]] = None,
-                      w1_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None,
-                      a1_scale: Optional[torch.Tensor] = None, expert_map: Optional[torch.Tensor] = None,
-                      global_num_experts: int = -1, out: Optional[torch.Tensor] = None,
+                      topk_ids: torch.Tensor, activation: Any = "silu", apply_router_weight_on_input: bool = False,
+                      global_num_experts: int = -1, expert_map: Optional[torch.Tensor] = None,
+                      quant_config: Any = None, *, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+                      block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
+                      w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
+                      weight_layout: str = "row_major", out: Optional[torch.Tensor] = None,
                       round_intermediate: bool = True) -> torch.Tensor:
-    """Fused MoE (SPEC 3), vLLM's fused_experts conventions. Returns out [T, H] (x's dtype).
+    """Fused MoE (SPEC 3), vLLM 0.33's fused_experts signature. Returns out [T, H] (x's dtype).
 
     x [T, H] bf16|f16|f32; w1 [E, 2I, H] (gate rows, then up rows; [E, I, H] = gate only), w2
     [E, H, I]; topk_ids [T, k] GLOBAL ids in [-1, Eg) (-1 = no expert), int32 (another integer
@@ -411,9 +483,22 @@ def ref_fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.T
     apply_router_weight_on_input (k == 1): h (= g and u) is scaled by w in f32 right after the first
     GEMM and there is no final weight (SPEC 3.4). expert_map [Eg] int32 maps a global id to its
     local index or -1 (remote: skipped, SPEC 3.5); global_num_experts is Eg (-1: len(expert_map),
-    or E without a map). Every argument, including the id and map values, is checked before `out`
-    is written.
+    or E without a map). activation is a name or a vLLM MoEActivation (*_NO_MUL: gate-only w1);
+    quant_config (vLLM's FusedMoEQuantConfig, duck-typed) stands for the fp8 keywords
+    (moekit._vllm_args.quant_kwargs); weight_layout names w1 / w2's layout, undone first
+    (ref_unprepack). Every argument, including the id and map values, is checked before `out` is
+    written.
     """
+    act = _vllm_args.activation_name(activation, w1, w2)
+    q = _vllm_args.quant_kwargs(quant_config, dict(
+        use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale,
+        w2_scale=w2_scale, a1_scale=a1_scale))
+    use_fp8_w8a8, per_channel_quant, block_shape = q["use_fp8_w8a8"], q["per_channel_quant"], q["block_shape"]
+    w1_scale, w2_scale, a1_scale = q["w1_scale"], q["w2_scale"], q["a1_scale"]
+    weight_layout = _vllm_args.check_weight_layout(weight_layout, "weight_layout")
+    if weight_layout != "row_major":
+        _require(w1.dim() == 3 and w2.dim() == 3, f"w1, w2: must be 3-D, got shapes {_shape(w1)} and {_shape(w2)}")
+        w1, w2 = _unprepack(w1, weight_layout, "w1"), _unprepack(w2, weight_layout, "w2")
     x, ids, wts = hidden_states, topk_ids, topk_weights
     _require(x.dim() == 2, f"hidden_states: must be 2-D [T, H], got shape {_shape(x)}")
     _require(x.dtype in (torch.bfloat16, torch.float16, torch.float32),
@@ -434,8 +519,6 @@ def ref_fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.T
     _require(_shape(wts) == [T, k], f"topk_weights: shape must be [{T}, {k}], got {_shape(wts)}")
     _require(wts.dtype.is_floating_point, f"topk_weights: dtype must be floating point (float32 preferred), "
                                           f"got {wts.dtype}")
-    _require(activation in ACTIVATIONS, f"activation: must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    act = ACTIVATIONS[activation]
     _require(not apply_router_weight_on_input or k == 1,
              f"apply_router_weight_on_input: needs topk == 1, got topk {k}")
     if out is not None:

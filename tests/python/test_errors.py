@@ -157,7 +157,7 @@ def test_routing_topk_checked_before_allocating(topk):
 def test_grouped_topk_complex_bias_rejected():
     x, g = randn((4, 16), 0), randn((4, 8), 1)
     with pytest.raises(ValueError, match=r"e_score_correction_bias: dtype must be real, got torch.complex64"):
-        moekit.grouped_topk(x, g, 2, True, 2, 1, "sigmoid", torch.zeros(8, dtype=torch.complex64))
+        moekit.grouped_topk(x, g, 2, True, 2, 1, "sigmoid", 1.0, torch.zeros(8, dtype=torch.complex64))
 
 
 # ------------------------------------------------------------------------------- meta device
@@ -196,8 +196,8 @@ def test_all_meta_calls_still_infer_shapes():
     x, w1, w2, w, ids = (t.to("meta") for t in moe_problem(4, 64, 32, 4, 2, seed=1))
     y = moekit.fused_experts(x, w1, w2, w, ids.to(I64))  # int64 on meta: no values to read
     assert y.device.type == "meta" and y.shape == (4, 64)
-    wts, tids = moekit.fused_topk(x, randn((4, 8), 1).to("meta"), 2, True)
-    assert wts.device.type == "meta" and tids.shape == (4, 2)
+    wts, tids, tei = moekit.fused_topk(x, randn((4, 8), 1).to("meta"), 2, True)
+    assert wts.device.type == "meta" and tids.shape == (4, 2) and tei.shape == (4, 2)
 
 
 # ---------------------------------------------------------------- StatusCode -> Python exception

@@ -31,7 +31,7 @@ def _problem(seed: int = 0):
 
 def _run(problem):
     x, w1, w2, logits, k = problem
-    weights, ids = moekit.fused_topk(x, logits, k, True)
+    weights, ids, _ = moekit.fused_topk(x, logits, k, True)
     return moekit.fused_experts(x, w1, w2, weights, ids)
 
 

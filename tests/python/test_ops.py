@@ -25,10 +25,10 @@ FP8 = torch.float8_e4m3fn
 def test_fused_topk_matches_reference(reference, device, T, E, k, renorm, dtype):
     g = randn((T, E), seed=T * 31 + E, dtype=dtype, device=device)
     x = torch.empty((T, 16), device=device)
-    w, ids = moekit.fused_topk(x, g, k, renorm)
-    rw, rids = reference.ref_fused_topk(x.cpu(), g.cpu(), k, renorm)
+    w, ids, tei = moekit.fused_topk(x, g, k, renorm)
+    rw, rids, rtei = reference.ref_fused_topk(x.cpu(), g.cpu(), k, renorm)
     assert w.dtype == torch.float32 and ids.dtype == torch.int32 and list(ids.shape) == [T, k]
-    assert torch.equal(ids.cpu(), rids)
+    assert torch.equal(ids.cpu(), rids) and torch.equal(tei.cpu(), rtei)
     torch.testing.assert_close(w.cpu(), rw, rtol=1e-6, atol=1e-7)
 
 
@@ -39,8 +39,8 @@ def test_fused_topk_ties_nan_and_inf(reference, device):
                       [float("-inf"), 2.0, float("nan"), -1.0]], device=device)
     x = torch.empty((4, 8), device=device)
     for renorm in (False, True):
-        w, ids = moekit.fused_topk(x, g, 2, renorm)
-        rw, rids = reference.ref_fused_topk(x.cpu(), g.cpu(), 2, renorm)
+        w, ids, _ = moekit.fused_topk(x, g, 2, renorm)
+        rw, rids, _ = reference.ref_fused_topk(x.cpu(), g.cpu(), 2, renorm)
         assert torch.equal(ids.cpu(), rids)
         torch.testing.assert_close(w.cpu(), rw, rtol=1e-6, atol=0)
     assert ids[0].tolist() == [0, 1] and ids[1].tolist() == [0, 1] and ids[2].tolist() == [1, 3]
@@ -54,9 +54,9 @@ def test_grouped_topk_matches_reference(reference, device, scoring, bias, renorm
     g = randn((T, E), seed=E + T, dtype=torch.bfloat16, device=device)
     b = randn((E,), seed=E, scale=0.1, device=device) if bias else None
     x = torch.empty((T, 8), device=device)
-    w, ids = moekit.grouped_topk(x, g, k, renorm, groups, topk_group, scoring, b, rsf)
-    rw, rids = reference.ref_grouped_topk(x.cpu(), g.cpu(), k, renorm, groups, topk_group, scoring,
-                                          None if b is None else b.cpu(), rsf)
+    w, ids = moekit.grouped_topk(x, g, k, renorm, groups, topk_group, scoring, rsf, b)
+    rw, rids = reference.ref_grouped_topk(x.cpu(), g.cpu(), k, renorm, groups, topk_group, scoring, rsf,
+                                          None if b is None else b.cpu())
     assert torch.equal(ids.cpu(), rids)
     torch.testing.assert_close(w.cpu(), rw, rtol=1e-6, atol=1e-7)
 

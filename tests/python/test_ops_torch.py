@@ -130,7 +130,7 @@ def test_compile_fullgraph_through_fused_experts(scheme):
                   block_shape=[128, 128] if scheme == "fp8_block" else None)
 
     def layer(x, g):
-        w, ids = moekit.fused_topk(x, g, k, True)
+        w, ids, _ = moekit.fused_topk(x, g, k, True)
         return moekit.fused_experts(x, w1, w2, w, ids, **kw)
 
     torch._dynamo.reset()
@@ -146,7 +146,7 @@ def test_compile_dynamic_token_count():
     x0, w1, w2, _, _ = moe_problem(1, 64, 32, 8, 2, seed=14)
 
     def layer(x, g):
-        w, ids = moekit.fused_topk(x, g, 2, True)
+        w, ids, _ = moekit.fused_topk(x, g, 2, True)
         return moekit.fused_experts(x, w1, w2, w, ids)
 
     torch._dynamo.reset()
@@ -162,7 +162,7 @@ def test_compile_fullgraph_grouped_and_sigmoid_routing():
     bias = randn((32,), seed=9, scale=0.1)
 
     def route(g):
-        w1, i1 = moekit.grouped_topk(g, g, 4, True, 4, 2, "sigmoid", bias, 2.5)
+        w1, i1 = moekit.grouped_topk(g, g, 4, True, 4, 2, "sigmoid", 2.5, bias)
         w2, i2 = moekit.sigmoid_topk(g, 1)
         return w1, i1, w2, i2
 
@@ -186,7 +186,7 @@ def test_cuda_graph_capture_and_replay_with_changed_inputs(scheme):
     out = torch.empty_like(x)
 
     def step():
-        w, ids = moekit.fused_topk(x, g, k, True)
+        w, ids, _ = moekit.fused_topk(x, g, k, True)
         moekit.fused_experts(x, w1, w2, w, ids, out=out, **kw)
 
     side = torch.cuda.Stream()
@@ -203,7 +203,7 @@ def test_cuda_graph_capture_and_replay_with_changed_inputs(scheme):
         graph.replay()
         torch.cuda.synchronize()
         replayed = out.clone()
-        w, ids = moekit.fused_topk(x, g, k, True)
+        w, ids, _ = moekit.fused_topk(x, g, k, True)
         eager = moekit.fused_experts(x, w1, w2, w, ids, **kw)
         cpu_kw = {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in kw.items()}
         on_cpu = moekit.fused_experts(x.cpu(), w1.cpu(), w2.cpu(), w.cpu(), ids.cpu(), **cpu_kw)
@@ -221,13 +221,13 @@ def test_cuda_compile_fullgraph_and_routing_matches_cpu():
     g = randn((T, E), seed=13, device="cuda")
 
     def layer(x, g):
-        w, ids = moekit.fused_topk(x, g, k, True)
+        w, ids, _ = moekit.fused_topk(x, g, k, True)
         return moekit.fused_experts(x, w1, w2, w, ids)
 
     torch._dynamo.reset()
     assert_close_lowp(torch.compile(layer, fullgraph=True)(x, g), layer(x, g))
-    w, ids = moekit.fused_topk(x, g, k, True)
-    wc, idc = moekit.fused_topk(x.cpu(), g.cpu(), k, True)
+    w, ids, _ = moekit.fused_topk(x, g, k, True)
+    wc, idc, _ = moekit.fused_topk(x.cpu(), g.cpu(), k, True)
     assert torch.equal(ids.cpu(), idc)
     torch.testing.assert_close(w.cpu(), wc, rtol=1e-5, atol=1e-6)
 
@@ -245,9 +245,9 @@ def test_use_fused_moe_off_routes_to_the_reference():
         "from moekit import reference as r\n"
         "assert moekit.USE_FUSED_MOE is False\n"
         "g = torch.randn(5, 8)\n"
-        "w, i = moekit.fused_topk(g, g, 2, True)\n"
-        "rw, ri = r.ref_fused_topk(g, g, 2, True)\n"
-        "assert torch.equal(w, rw) and torch.equal(i, ri)\n"
+        "w, i, t = moekit.fused_topk(g, g, 2, True)\n"
+        "rw, ri, rt = r.ref_fused_topk(g, g, 2, True)\n"
+        "assert torch.equal(w, rw) and torch.equal(i, ri) and torch.equal(t, rt)\n"
         "print('ok')\n")
     res = run_python(code, MOEKIT_USE_FUSED_MOE="0")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
@@ -264,7 +264,7 @@ def test_backend_and_print_dispatch_reach_the_library():
         "import torch, moekit\n"
         "x = torch.randn(4, 64).bfloat16()\n"
         "w1 = torch.randn(2, 64, 64).bfloat16(); w2 = torch.randn(2, 64, 32).bfloat16()\n"
-        "w, i = moekit.fused_topk(x, torch.randn(4, 2), 1, True)\n"
+        "w, i, _ = moekit.fused_topk(x, torch.randn(4, 2), 1, True)\n"
         "moekit.fused_experts(x, w1, w2, w, i)\n")
     res = run_python(code, MOEKIT_BACKEND="ref", MOEKIT_PRINT_DISPATCH="1")
     assert res.returncode == 0, res.stderr

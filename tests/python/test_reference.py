@@ -87,8 +87,12 @@ def oracle_grouped_topk(gating, k, renorm, n_group, topk_group, scoring, bias, r
 
 
 def check_routing(got, want, atol=2e-6):
-    (w, ids), (w_want, ids_want) = got, want
+    """got: (weights, ids) or fused_topk's (weights, ids, token_expert_indices); want: (weights, ids)."""
+    (w, ids), (w_want, ids_want) = got[:2], want
     assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    if len(got) == 3:  # token_expert_indices[t, j] = j * T + t
+        T, k = ids.shape
+        assert got[2].dtype == torch.int32 and got[2].tolist() == [[j * T + t for j in range(k)] for t in range(T)]
     assert torch.equal(ids, ids_want), f"ids differ:\n{ids}\n{ids_want}"
     torch.testing.assert_close(w.double(), w_want, rtol=1e-6, atol=atol)
 
@@ -113,12 +117,12 @@ def test_fused_topk_edge_rows(name, k):
 
 
 def test_fused_topk_all_nan_row_is_ids_0_to_k_weight_0():
-    w, ids = R.ref_fused_topk(torch.zeros(1, 4), torch.full((1, 4), NAN), 3, True)
+    w, ids, _ = R.ref_fused_topk(torch.zeros(1, 4), torch.full((1, 4), NAN), 3, True)
     assert ids.tolist() == [[0, 1, 2]] and w.tolist() == [[0.0, 0.0, 0.0]]
 
 
 def test_fused_topk_empty_and_single_token():
-    w, ids = R.ref_fused_topk(torch.zeros(0, 8), torch.zeros(0, 8), 2, True)
+    w, ids, _ = R.ref_fused_topk(torch.zeros(0, 8), torch.zeros(0, 8), 2, True)
     assert w.shape == (0, 2) and ids.shape == (0, 2)
     g = torch.randn(1, 8)
     check_routing(R.ref_fused_topk(g, g, 8, False), oracle_fused_topk(g, 8, False))
@@ -141,7 +145,7 @@ def test_grouped_topk_random(seed, scoring, with_bias, E, n_group, topk_group, k
     torch.manual_seed(seed)
     g = torch.randn(17, E).bfloat16()
     bias = torch.randn(E) * 0.1 if with_bias else None
-    got = R.ref_grouped_topk(g, g, k, True, n_group, topk_group, scoring, bias, 2.5)
+    got = R.ref_grouped_topk(g, g, k, True, n_group, topk_group, scoring, 2.5, bias)
     check_routing(got, oracle_grouped_topk(g, k, True, n_group, topk_group, scoring, bias, 2.5), atol=1e-5)
 
 
@@ -150,7 +154,7 @@ def test_grouped_topk_edge_rows():
     for scoring in ("softmax", "sigmoid"):
         for bias in (None, torch.tensor([0.0, 0.1, -INF, 0.0, 0.2, 0.0, 0.0, -0.1])):
             for renorm in (False, True):
-                got = R.ref_grouped_topk(g, g, 3, renorm, 4, 2, scoring, bias, 1.0)
+                got = R.ref_grouped_topk(g, g, 3, renorm, 4, 2, scoring, 1.0, bias)
                 check_routing(got, oracle_grouped_topk(g, 3, renorm, 4, 2, scoring, bias, 1.0))
 
 
@@ -158,7 +162,7 @@ def test_grouped_topk_dropped_groups_rank_below_kept_minus_inf():
     # Group 0 is kept but holds a -inf bias expert; the pick must still come from group 0.
     g = torch.tensor([[1.0, 1.0, 1.0, -5.0, -5.0, -5.0]])
     bias = torch.tensor([0.0, -INF, 0.0, 0.0, 0.0, 0.0])
-    _, ids = R.ref_grouped_topk(g, g, 3, False, 2, 1, "sigmoid", bias, 1.0)
+    _, ids = R.ref_grouped_topk(g, g, 3, False, 2, 1, "sigmoid", 1.0, bias)
     assert ids.tolist() == [[0, 2, 1]]
 
 
@@ -183,7 +187,8 @@ def test_sigmoid_topk(seed, k):
     (lambda g: R.ref_grouped_topk(g, g, 2, True, 4, 5), r"topk_group: .* got 5"),
     (lambda g: R.ref_grouped_topk(g, g, 5, True, 4, 2), r"topk \(<= topk_group .*\[1, 4\], got 5"),
     (lambda g: R.ref_grouped_topk(g, g, 2, True, 4, 2, "relu"), r"scoring_func: .*'relu'"),
-    (lambda g: R.ref_grouped_topk(g, g, 2, True, 4, 2, "sigmoid", torch.zeros(7)), r"e_score_correction_bias: .*\[7\]"),
+    (lambda g: R.ref_grouped_topk(g, g, 2, True, 4, 2, "sigmoid", 1.0, torch.zeros(7)),
+     r"e_score_correction_bias: .*\[7\]"),
     (lambda g: R.ref_sigmoid_topk(g, 9), r"topk: .*got 9"),
 ])
 def test_routing_errors_name_the_argument(call, match):
@@ -417,7 +422,7 @@ def make_moe(T, H, inter, E, k, dtype=torch.bfloat16, seed=0, g1u1=True):
     w1 = (torch.randn(E, (2 if g1u1 else 1) * inter, H, generator=gen) / math.sqrt(H)).to(dtype)
     w2 = (torch.randn(E, H, inter, generator=gen) / math.sqrt(inter)).to(dtype)
     logits = torch.randn(T, E, generator=gen)
-    wts, ids = R.ref_fused_topk(x, logits, k, True)
+    wts, ids, _ = R.ref_fused_topk(x, logits, k, True)
     return x, w1, w2, wts, ids
 
 

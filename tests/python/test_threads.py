@@ -22,7 +22,7 @@ def _call():
     x = torch.randn(8, 64, generator=g)
     w1 = torch.randn(4, 64, 64, generator=g) * 0.1
     w2 = torch.randn(4, 64, 32, generator=g) * 0.1
-    weights, ids = moekit.fused_topk(x, torch.randn(8, 4, generator=g), 2, True)
+    weights, ids, _ = moekit.fused_topk(x, torch.randn(8, 4, generator=g), 2, True)
     return moekit.fused_experts(x, w1, w2, weights, ids)
 
 
