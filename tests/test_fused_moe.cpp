@@ -36,6 +36,23 @@ TEST(FusedMoe, TZeroReturnsWithoutWriting) {
   ASSERT_TRUE(fused_moe_workspace_size(prob.params(), {}, &ws).ok());
 }
 
+TEST(FusedMoe, KernelNameIsARegisteredFusedMoeKernel) {
+  MoeProblem prob = make(small_shape(Scheme::bf16, 5));
+  std::string name;
+  ASSERT_TRUE(fused_moe_kernel_name(prob.params(), {}, &name).ok());
+  const Kernel* k = registry().find(name);
+  ASSERT_NE(k, nullptr) << name;
+  EXPECT_EQ(k->op, OpKind::fused_moe);
+  RunOptions explicit_kernel;
+  explicit_kernel.kernel = name.c_str();
+  std::string again;
+  ASSERT_TRUE(fused_moe_kernel_name(prob.params(), explicit_kernel, &again).ok());
+  EXPECT_EQ(again, name);
+  explicit_kernel.kernel = "no_such_kernel";
+  EXPECT_FALSE(fused_moe_kernel_name(prob.params(), explicit_kernel, &again).ok());
+  EXPECT_FALSE(fused_moe_kernel_name(prob.params(), {}, nullptr).ok());
+}
+
 TEST(FusedMoe, TOne) {
   MoeProblem prob = make(small_shape(Scheme::bf16, 1));
   expect_matches_oracle(prob);

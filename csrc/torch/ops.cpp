@@ -326,6 +326,24 @@ void fused_moe_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor
   throw_if_error(fused_moe(p, opts), "fused_moe");
 }
 
+std::string fused_moe_kernel_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w1,
+                                  const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+                                  const OptTensor& w1_scale, const OptTensor& w2_scale, const OptTensor& a1_scale,
+                                  const OptTensor& expert_mask, const OptTensor& expert_map,
+                                  const std::string& activation, bool apply_router_weight_on_input, int64_t block_n,
+                                  int64_t block_k, const std::string& weight_layout, const OptStr& kernel) {
+  const at::OptionalDeviceGuard guard(at::device_of(x));
+  FusedMoeParams p = moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
+                                activation, weight_layout);
+  p.expert_map = view_of(expert_map, "expert_map");
+  p.weight_on_input = apply_router_weight_on_input;
+  p.scale_block_n = to_int(block_n, "block_n");
+  p.scale_block_k = to_int(block_k, "block_k");
+  std::string name;
+  throw_if_error(fused_moe_kernel_name(p, run_options(x.device(), kernel), &name), "fused_moe_kernel");
+  return name;
+}
+
 void ck_moe_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                  const at::Tensor& topk_weights, const at::Tensor& topk_ids, const std::string& activation,
                  const OptTensor& expert_mask, const std::string& weight_layout, const OptStr& kernel) {
@@ -407,6 +425,7 @@ void register_impls(torch::Library& m) {
   m.impl("pack_weight", &pack_weight_impl);
   m.impl("unpack_weight", &unpack_weight_impl);
   m.impl("fused_moe", &fused_moe_impl);
+  m.impl("fused_moe_kernel", &fused_moe_kernel_impl);
   m.impl("ck_moe", &ck_moe_impl);
   m.impl("asm_moe", &asm_moe_impl);
   m.impl("asm_moe_tkw1", &asm_moe_tkw1_impl);

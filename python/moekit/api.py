@@ -36,6 +36,7 @@ __all__ = [
     "grouped_topk",
     "sigmoid_topk",
     "fused_experts",
+    "fused_experts_kernel",
     "prepack",
     "unprepack",
     "shuffle_weight",
@@ -305,11 +306,43 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
             global_num_experts, expert_map, quant_config, use_fp8_w8a8=use_fp8_w8a8,
             per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
             a1_scale=a1_scale, weight_layout=weight_layout, out=out)
+    args, kwargs = _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                                      apply_router_weight_on_input, global_num_experts, expert_map, quant_config,
+                                      dict(use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
+                                           block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
+                                           a1_scale=a1_scale), weight_layout, out)
+    torch.ops.moekit.fused_moe(*args, **kwargs)
+    return args[0]
+
+
+def fused_experts_kernel(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                         topk_ids: torch.Tensor, activation: Any = "silu", apply_router_weight_on_input: bool = False,
+                         global_num_experts: int = -1, expert_map: Optional[torch.Tensor] = None,
+                         quant_config: Any = None, *, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+                         block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
+                         w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
+                         weight_layout: str = "row_major", out: Optional[torch.Tensor] = None) -> str:
+    """The name of the moekit kernel fused_experts would run for the same arguments, without running
+    it (the registry's rule, MOEKIT_BACKEND / MOEKIT_FORCE_KERNEL included; the same checks and
+    errors). What an engine logs; "reference" under MOEKIT_USE_FUSED_MOE=0. No host sync for int32
+    ids."""
+    if not USE_FUSED_MOE:
+        return "reference"
+    args, kwargs = _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                                      apply_router_weight_on_input, global_num_experts, expert_map, quant_config,
+                                      dict(use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
+                                           block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
+                                           a1_scale=a1_scale), weight_layout, out)
+    return torch.ops.moekit.fused_moe_kernel(*args, **kwargs)
+
+
+def _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input,
+                       global_num_experts, expert_map, quant_config, extras, weight_layout, out):
+    """fused_experts' checks and conversions: the arguments of torch.ops.moekit.fused_moe (and of
+    fused_moe_kernel), `out` first (allocated when None), after every check has passed."""
     act = _vllm_args.activation_name(activation, w1, w2, "moekit: ")
     weight_layout = _vllm_args.check_weight_layout(weight_layout, "weight_layout", "moekit: ")
-    q = _vllm_args.quant_kwargs(quant_config, dict(
-        use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant, block_shape=block_shape, w1_scale=w1_scale,
-        w2_scale=w2_scale, a1_scale=a1_scale), "moekit: ")
+    q = _vllm_args.quant_kwargs(quant_config, extras, "moekit: ")
     use_fp8_w8a8, per_channel_quant, block_shape = q["use_fp8_w8a8"], q["per_channel_quant"], q["block_shape"]
     w1_scale, w2_scale, a1_scale = q["w1_scale"], q["w2_scale"], q["a1_scale"]
     fp8_weights = w1.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -342,10 +375,8 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
         out = torch.empty_like(hidden_states)
     _follow_torch_threads(hidden_states)
     bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
-    torch.ops.moekit.fused_moe(out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
-                               None, expert_map, act, apply_router_weight_on_input, bn, bk,
-                               weight_layout=weight_layout)
-    return out
+    return ((out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, None, expert_map, act,
+             apply_router_weight_on_input, bn, bk), dict(weight_layout=weight_layout))
 
 
 # ------------------------------------------------------------------------------ weight layout

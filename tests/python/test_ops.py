@@ -308,6 +308,23 @@ def test_fused_moe_auto_kernel_matches_ref_kernel(seed):
     assert_close_lowp(out_auto, out_ref)
 
 
+@pytest.mark.parametrize("T", [1, 64])
+def test_fused_experts_kernel_names_the_kernel_that_runs(device, T):
+    """fused_experts_kernel: a kernel that, named explicitly, gives fused_experts' output; same
+    checks as fused_experts, nothing written."""
+    x, w1, w2, w, ids = moe_problem(T, 64, 32, 4, 2, seed=T, device=device)
+    name = moekit.fused_experts_kernel(x, w1, w2, w, ids)
+    assert isinstance(name, str) and name.startswith("fused_moe")
+    named = torch.empty_like(x)
+    torch.ops.moekit.fused_moe(named, x, w1, w2, w, ids, kernel_name=name)
+    assert torch.equal(named, moekit.fused_experts(x, w1, w2, w, ids))
+    out = torch.full_like(x, 7.0)
+    assert moekit.fused_experts_kernel(x, w1, w2, w, ids, out=out) == name
+    assert bool((out == 7.0).all())
+    with pytest.raises(ValueError, match="fused_moe_kernel: topk_weights: shape must be"):
+        moekit.fused_experts_kernel(x, w1, w2, w[:, :1], ids)
+
+
 def test_fused_experts_out_argument_and_shuffled_weights():
     x, w1, w2, w, ids = moe_problem(8, 64, 32, 4, 2, seed=9)
     out = torch.full_like(x, 7.0)

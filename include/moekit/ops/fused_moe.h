@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "moekit/core/tensor_view.h"
 #include "moekit/registry.h"
@@ -74,6 +75,9 @@ Status validate_fused_moe(const FusedMoeParams& p);
 // the caller passes none; pass RunOptions::workspace to keep the call allocation-free. Checks the
 // shapes, dtypes and scales of p but not the VALUES of ids / mask / map (they may not be filled yet).
 Status fused_moe_workspace_size(const FusedMoeParams& p, const RunOptions& opts, size_t* bytes);
+// The name of the kernel fused_moe would run for p and opts (the registry's rule, MOEKIT_* env
+// included), without running it: what an engine logs ("which kernel runs"). Same checks as above.
+Status fused_moe_kernel_name(const FusedMoeParams& p, const RunOptions& opts, std::string* name);
 
 // Shape facts derived from validated params.
 struct MoeDims {

@@ -326,4 +326,13 @@ Status fused_moe_workspace_size(const FusedMoeParams& p, const RunOptions& opts,
   return dispatch_workspace_size(OpKind::fused_moe, fused_moe_variant(p), &p, opts, shape_key(p), bytes);
 }
 
+Status fused_moe_kernel_name(const FusedMoeParams& p, const RunOptions& opts, std::string* name) {
+  if (name == nullptr) return InvalidArgument("name: output pointer is null");
+  MOEKIT_RETURN_IF_ERROR(validate_meta(p));
+  const Kernel* k = nullptr;
+  MOEKIT_RETURN_IF_ERROR(registry().select(OpKind::fused_moe, fused_moe_variant(p), &p, opts, shape_key(p), &k));
+  *name = k->name;
+  return Status::Ok();
+}
+
 }  // namespace moekit
