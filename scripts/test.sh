@@ -7,6 +7,8 @@
 #                          outside the checkout: torch, a multi-GB download, is installed once per
 #                          machine and reused by later runs and fresh clones)
 #   MOEKIT_PYTHON_TESTS=0  skip the Python tests (no network, no torch wanted)
+#   MOEKIT_VLLM_TESTS=1    also the vLLM plugin's tests (scripts/test_vllm.sh: its own venv with
+#                          vLLM from PyPI, several GB; off by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
@@ -16,4 +18,7 @@ if [[ ${MOEKIT_PYTHON_TESTS:-1} != 0 ]]; then
   # scripts/gpu_run.sh's python step); the CUDA library itself was compiled by the build above.
   VENV=${MOEKIT_VENV:-$HOME/.cache/moekit/venv-py} MOEKIT_CUDA=OFF CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} \
     bash scripts/test_python.sh
+fi
+if [[ ${MOEKIT_VLLM_TESTS:-0} == 1 ]]; then
+  CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} bash scripts/test_vllm.sh
 fi
