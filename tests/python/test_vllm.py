@@ -1,6 +1,6 @@
 """moekit inside vLLM (the pinned 0.33 PyPI wheel, on the CPU): the plugin's entry point and switch,
 MoekitExperts inside vLLM's modular kernel against vLLM's own torch reference, routing against
-vLLM's grouped_topk.
+vLLM's grouped_topk and its CPU router's softmax top-k.
 
 - The entry point: vLLM's own loader (vllm.plugins.load_general_plugins) in a fresh interpreter,
   with and without MOEKIT_VLLM_MOE=1; with it, vLLM's oracles pick MoekitExperts for bf16 and the
@@ -16,7 +16,8 @@ vLLM's grouped_topk.
   dequantization, the GEMMs, the per-expert batching and the weight-and-reduce stay vLLM's. Its
   CUDA-graph probe is told nothing is capturing (torch.accelerator would look for a GPU). vLLM's
   fused_topk calls a compiled op too (topk_softmax), so it cannot run here: moekit.fused_topk is
-  checked against vLLM's documented contract in test_api_vllm.py.
+  compared with the torch softmax top-k vLLM routes with on the CPU (router/cpu_router.py) and
+  checked against fused_topk's documented contract in test_api_vllm.py.
 
 Runs where vLLM imports: scripts/test_vllm.sh makes that environment (vLLM pins its own torch and
 transformers); elsewhere every test here skips with the reason. CPU only (vLLM is not installed on
@@ -353,3 +354,20 @@ def test_grouped_topk_matches_vllm(scoring_func, with_bias):
     assert torch.equal(order_ours.values, order_want.values)
     torch.testing.assert_close(w.gather(1, order_ours.indices), want_w.float().gather(1, order_want.indices),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("T,E,k", [(1, 8, 2), (37, 64, 6), (5, 128, 8)])
+def test_fused_topk_matches_vllm_cpu_router(renormalize, T, E, k):
+    """vLLM's fused_topk needs its compiled topk_softmax; on the CPU vLLM routes softmax top-k in
+    torch (router/cpu_router.py, _softmax_topk): moekit.fused_topk against that."""
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import _softmax_topk
+
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(T * E + k))
+    want_w, want_ids = _softmax_topk(logits, k, renormalize)
+    w, ids, token_expert_indices = moekit.fused_topk(logits, logits, k, renormalize)
+    order_ours, order_want = ids.long().sort(-1), want_ids.long().sort(-1)
+    assert torch.equal(order_ours.values, order_want.values)
+    torch.testing.assert_close(w.gather(1, order_ours.indices), want_w.gather(1, order_want.indices),
+                               rtol=1e-5, atol=1e-6)
+    assert ids.dtype == want_ids.dtype == torch.int32 and token_expert_indices.shape == (T, k)
