@@ -321,6 +321,62 @@ def test_plugin_switch_off_changes_nothing():
     assert "PICK bf16" in out, out
 
 
+METHOD_SCRIPT = textwrap.dedent("""
+    import logging, sys, torch
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from moekit.reference import ref_fused_experts
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    E, k, H, I = 8, 2, 128, 64
+    cfg = FusedMoEConfig(num_experts=E, experts_per_token=k, hidden_dim=H, intermediate_size=I, num_local_experts=E,
+                         num_logical_experts=E, activation=MoEActivation.SILU, device="cpu",
+                         routing_method=RoutingMethodType.Renormalize,
+                         moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(), in_dtype=torch.bfloat16)
+    with set_current_vllm_config(VllmConfig()):
+        method = UnquantizedFusedMoEMethod(cfg)       # vLLM's method for unquantized MoE layers
+        print("EXPERTS", method.experts_cls.__name__)
+        if method.experts_cls.__name__ != "MoekitExperts":
+            sys.exit(0)
+        layer = torch.nn.Module()                     # the attributes vLLM's layer gives the method
+        method.create_weights(layer, E, H, I, torch.bfloat16)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            layer.w13_weight.copy_(torch.randn(E, 2 * I, H, generator=g) * H ** -0.5)
+            layer.w2_weight.copy_(torch.randn(E, H, I, generator=g) * I ** -0.5)
+        layer.moe_config, layer._expert_routing_tables = cfg, lambda: None
+        layer.activation, layer.apply_router_weight_on_input = MoEActivation.SILU, False
+        layer.global_num_experts, layer.expert_map = E, None
+        method.process_weights_after_loading(layer)
+        x = torch.randn(5, H, generator=g).to(torch.bfloat16)
+        w, ids = torch.topk(torch.randn(5, E, generator=g).softmax(-1), k)
+        y = method.apply(layer, x, w, ids.to(torch.int32), None, None)
+        want = ref_fused_experts(x, layer.w13_weight, layer.w2_weight, w, ids.to(torch.int32))
+        print("MAXERR", ((y.float() - want.float()).abs().max() / want.float().abs().max()).item())
+""")
+
+
+def test_plugin_routes_vllms_unquantized_moe_method():
+    """vLLM's UnquantizedFusedMoEMethod (what its FusedMoE layer runs) with the switch: its oracle
+    picks MoekitExperts, vLLM's weight processing and modular kernel run, and the output is
+    moekit's reference; the kernel is logged. Without the switch vLLM's own CPU experts stay."""
+    env = dict(os.environ, **{vllm_plugin.ENV: "1"})
+    r = subprocess.run([sys.executable, "-c", METHOD_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "EXPERTS MoekitExperts" in r.stdout, r.stdout
+    assert "Using MoekitExperts MoE backend" in r.stdout + r.stderr
+    assert "vLLM MoE layer runs moekit kernel fused_moe" in r.stdout, r.stdout
+    err = float(r.stdout.split("MAXERR")[1].split()[0])
+    assert err < 0.02, r.stdout
+    env.pop(vllm_plugin.ENV)
+    r = subprocess.run([sys.executable, "-c", METHOD_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "EXPERTS" in r.stdout and "Moekit" not in r.stdout, r.stdout
+
+
 def test_kernel_is_logged_once(caplog):
     E, k, H, I = 4, 2, 128, 64
     x, w1, w2 = problem(5, E, k, H, I)
