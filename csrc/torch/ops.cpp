@@ -307,6 +307,22 @@ at::Tensor moe_workspace(const FusedMoeParams& p, const at::Device& device, RunO
   return attach_workspace(bytes, device, opts);
 }
 
+// torch.ops.moekit.fused_moe's arguments (and fused_moe_kernel's) as params.
+FusedMoeParams fused_moe_params(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                                const at::Tensor& topk_weights, const at::Tensor& topk_ids, const OptTensor& w1_scale,
+                                const OptTensor& w2_scale, const OptTensor& a1_scale, const OptTensor& expert_mask,
+                                const OptTensor& expert_map, const std::string& activation,
+                                bool apply_router_weight_on_input, int64_t block_n, int64_t block_k,
+                                const std::string& weight_layout) {
+  FusedMoeParams p = moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
+                                activation, weight_layout);
+  p.expert_map = view_of(expert_map, "expert_map");
+  p.weight_on_input = apply_router_weight_on_input;
+  p.scale_block_n = to_int(block_n, "block_n");
+  p.scale_block_k = to_int(block_k, "block_k");
+  return p;
+}
+
 void fused_moe_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                     const at::Tensor& topk_weights, const at::Tensor& topk_ids, const OptTensor& w1_scale,
                     const OptTensor& w2_scale, const OptTensor& a1_scale, const OptTensor& expert_mask,
@@ -314,12 +330,9 @@ void fused_moe_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor
                     int64_t block_n, int64_t block_k, bool round_intermediate, const std::string& weight_layout,
                     const OptStr& kernel) {
   const at::OptionalDeviceGuard guard(at::device_of(x));
-  FusedMoeParams p = moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
-                                activation, weight_layout);
-  p.expert_map = view_of(expert_map, "expert_map");
-  p.weight_on_input = apply_router_weight_on_input;
-  p.scale_block_n = to_int(block_n, "block_n");
-  p.scale_block_k = to_int(block_k, "block_k");
+  FusedMoeParams p = fused_moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
+                                      expert_map, activation, apply_router_weight_on_input, block_n, block_k,
+                                      weight_layout);
   p.round_intermediate = round_intermediate;
   RunOptions opts = run_options(x.device(), kernel);
   const at::Tensor ws = moe_workspace(p, x.device(), &opts, "fused_moe");
@@ -333,12 +346,9 @@ std::string fused_moe_kernel_impl(const at::Tensor& out, const at::Tensor& x, co
                                   const std::string& activation, bool apply_router_weight_on_input, int64_t block_n,
                                   int64_t block_k, const std::string& weight_layout, const OptStr& kernel) {
   const at::OptionalDeviceGuard guard(at::device_of(x));
-  FusedMoeParams p = moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
-                                activation, weight_layout);
-  p.expert_map = view_of(expert_map, "expert_map");
-  p.weight_on_input = apply_router_weight_on_input;
-  p.scale_block_n = to_int(block_n, "block_n");
-  p.scale_block_k = to_int(block_k, "block_k");
+  const FusedMoeParams p = fused_moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
+                                            expert_mask, expert_map, activation, apply_router_weight_on_input,
+                                            block_n, block_k, weight_layout);
   std::string name;
   throw_if_error(fused_moe_kernel_name(p, run_options(x.device(), kernel), &name), "fused_moe_kernel");
   return name;

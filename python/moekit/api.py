@@ -415,29 +415,26 @@ def prepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
     """
     if not USE_FUSED_MOE:
         return _reference().ref_prepack(w, layout)
-    layout = _vllm_args.check_weight_layout(layout, "layout", "moekit: ")
-    if layout == "row_major":
-        return w.contiguous()
-    if layout == "shuffled_16x16":
-        return shuffle_weight(w)
-    w = w.contiguous()
-    out = torch.empty_like(w)
-    torch.ops.moekit.pack_weight(out, w, layout)
-    return out
+    return _relayout(w, layout, shuffle_weight, torch.ops.moekit.pack_weight)
 
 
 def unprepack(w: torch.Tensor, layout: str = "cpu_vnni2_n32") -> torch.Tensor:
     """The exact inverse of prepack(w, layout): the row_major weights, bit for bit."""
     if not USE_FUSED_MOE:
         return _reference().ref_unprepack(w, layout)
+    return _relayout(w, layout, unshuffle_weight, torch.ops.moekit.unpack_weight)
+
+
+def _relayout(w: torch.Tensor, layout: str, shuffle, pack_op) -> torch.Tensor:
+    """prepack / unprepack: row_major = contiguous w; shuffled_16x16 = shuffle(w); else pack_op."""
     layout = _vllm_args.check_weight_layout(layout, "layout", "moekit: ")
     if layout == "row_major":
         return w.contiguous()
     if layout == "shuffled_16x16":
-        return unshuffle_weight(w)
+        return shuffle(w)
     w = w.contiguous()
     out = torch.empty_like(w)
-    torch.ops.moekit.unpack_weight(out, w, layout)
+    pack_op(out, w, layout)
     return out
 
 

@@ -52,7 +52,9 @@ from vllm.model_executor.layers.fused_moe.prepare_finalize.batched import Batche
 from vllm.model_executor.layers.fused_moe.prepare_finalize.no_dp_ep import (  # noqa: E402
     MoEPrepareAndFinalizeNoDPEPModular,
 )
-from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk as vllm_grouped_topk  # noqa: E402
+from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import (  # noqa: E402
+    grouped_topk as vllm_grouped_topk,
+)
 
 from moekit import vllm_plugin  # noqa: E402
 from moekit.vllm_experts import MoekitExperts  # noqa: E402
