@@ -9,8 +9,8 @@
 //     has its own `kernel` parameter, so torch.compile would fail on that name.
 //   - weight layouts ("row_major", "shuffled_16x16", "cpu_vnni2_n32") are explicit arguments: the
 //     tag travels with the call, never guessed from the data (SPEC 4).
-// The contracts are those of include/moekit/ops/*.h and include/moekit/aiter.h (SPEC.md sections in
-// brackets). Fake implementations for torch.compile: python/moekit/_ops.py. Tests:
+// The contracts are those of include/moekit/ops/*.h and include/moekit/aiter.h (docs/spec.md
+// sections, cited as SPEC n). Fake implementations for torch.compile: python/moekit/_ops.py. Tests:
 // tests/python/test_ops.py.
 #include <torch/library.h>
 

@@ -13,7 +13,7 @@ moekit's fp8 keywords and weight_layout as keyword-only extras; its activation (
 MoEActivation) and quant_config (FusedMoEQuantConfig, duck-typed) are read by moekit._vllm_args,
 without importing vLLM. prepack / unprepack lay weights out for weight_layout (the packed CPU path).
 
-Contracts: SPEC.md and include/moekit/ops/*.h; argument errors raise ValueError with the C++
+Contracts: docs/spec.md and include/moekit/ops/*.h; argument errors raise ValueError with the C++
 message ("moekit.fused_moe: topk_ids: shape must be [4, 2], got [4, 3]") or this module's
 ("moekit: topk_ids: dtype must be ..."), unsupported problems NotImplementedError, a failed
 allocation torch.OutOfMemoryError (docs/python.md, "Errors"). Tests: tests/python/test_ops.py,

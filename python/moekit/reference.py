@@ -1,4 +1,4 @@
-"""Pure-torch reference of the moekit Python API (SPEC.md 1, 3, 4, 5), the spec in readable code.
+"""Pure-torch reference of the moekit Python API (SPEC 1, 3, 4, 5 of docs/spec.md), the spec in readable code.
 
 Every public function of moekit.api has a twin here, same signature, prefixed ``ref_``:
   ref_fused_topk, ref_grouped_topk, ref_sigmoid_topk     routing (SPEC 1.1-1.3)

@@ -2,8 +2,8 @@
 model runner is compared against, written to be a checkpoint of a real transformers architecture.
 
 One decoder layout for all three (pre-norm, RMSNorm, attention with RoPE, an MoE block in every
-layer, untied LM head); they differ in the MoE block, one per routing family of SPEC.md 7, and in
-the attention each architecture uses:
+layer, untied LM head); they differ in the MoE block, one per routing family of SPEC 7
+(docs/spec.md), and in the attention each architecture uses:
   - mixtral  (MixtralForCausalLM): grouped-query attention, RoPE rotate-half pairs (i, i + d/2);
              p = softmax(router logits); top-k of p; renormalize; y = sum w * E(x).
   - deepseek (DeepseekV3ForCausalLM): multi-head latent attention (MLA, no q LoRA): q = q_proj x per

@@ -75,12 +75,12 @@ struct SortTokensParams {
                                 //   on success they write 0
 };
 
-// Capacity of sorted_token_ids / sorted_weights. The SPEC formula T*k + E*block_m - k covers the
+// Capacity of sorted_token_ids / sorted_weights. The SPEC 2 formula T*k + E*block_m - k covers the
 // worst case (every expert's run one entry short of a full block) whenever E >= k. With E < k
 // (expert parallelism leaving fewer local experts than k, or tiny test shapes) a token can put
 // several entries on one local expert (duplicate ids), and the worst case T*k + E*(block_m - 1)
 // exceeds the formula, so the larger of the two is used; for T = 0 nothing can be placed and the
-// result is the formula clamped at 0. Equal to the SPEC formula for every T >= 1 with E >= k.
+// result is the formula clamped at 0. Equal to the SPEC 2 formula for every T >= 1 with E >= k.
 constexpr int64_t sort_tokens_max_padded(int64_t T, int64_t k, int64_t E, int64_t block_m) {
   const int64_t spec = T * k + E * block_m - k;
   const int64_t used_experts = E < T * k ? E : T * k;  // at most T*k experts can be non-empty
