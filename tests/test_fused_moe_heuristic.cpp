@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/fused_moe/fused_moe_heuristic.h"
+#include "ops/fused_moe/fused_moe_sm90_grouped.h"
 
 namespace moekit {
 namespace {
@@ -38,7 +39,7 @@ TEST(FusedMoeHeuristic, AnchorShapes) {
 }
 
 MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
-  return choose_moe_strategy_fp8(T, k, E, H).strategy;
+  return choose_moe_strategy_fp8(T, k, E, H, kH200Facts).strategy;
 }
 
 TEST(FusedMoeHeuristic, Fp8AnchorShapes) {
@@ -131,10 +132,11 @@ TEST(FusedMoeHeuristic, Fp8BlockTma64TileRowsAndStrategy) {
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 2, 8, true), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8, true), 128);
   // The block strategy: grouped wherever H % 256 == 0 (even one token), else the fp8 rule.
-  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 4096).strategy, MoeStrategy::grouped_gemm);
-  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 8, 128, 2048).strategy, MoeStrategy::grouped_gemm);
-  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 384).strategy, choose_moe_strategy_fp8(1, 2, 8, 384).strategy);
-  EXPECT_EQ(choose_moe_strategy_fp8(1, 2, 8, 384).strategy, MoeStrategy::small_m);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 4096, kH200Facts).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 8, 128, 2048, kH200Facts).strategy, MoeStrategy::grouped_gemm);
+  EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 384, kH200Facts).strategy,
+            choose_moe_strategy_fp8(1, 2, 8, 384, kH200Facts).strategy);
+  EXPECT_EQ(choose_moe_strategy_fp8(1, 2, 8, 384, kH200Facts).strategy, MoeStrategy::small_m);
 }
 
 TEST(FusedMoeHeuristic, Fp8RowTma64TileRows) {
@@ -156,22 +158,37 @@ TEST(FusedMoeHeuristic, NamesAndReasons) {
 
 TEST(FusedMoeHeuristic, Tma64Gemm2Splits) {
   // Mixtral T = 1: 2 tiles x 16 N tiles = 32 CTAs, 112 K slices: 4 ranges.
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 2, 8, 4096 / 256, 14336 / 128), 4);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 2, 8, 4096 / 256, 14336 / 128, kH200Facts.sm_count), 4);
   // Llama-4 T = 1: 1 tile x 20.
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1, 128, 5120 / 256, 8192 / 128), 4);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1, 128, 5120 / 256, 8192 / 128, kH200Facts.sm_count), 4);
   // Qwen3 T = 1: 8 tiles x 8 = 64 CTAs would take 2, but its 6 K slices make one range.
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 128, 2048 / 256, 768 / 128), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 128, 2048 / 256, 768 / 128, kH200Facts.sm_count), 1);
   // DeepSeek-V3 T = 1: 8 x 28 = 224 CTAs; Mixtral T = 8: 8 tiles (16 entries on 8 experts) x 16 = 128.
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 256, 7168 / 256, 2048 / 128), 1);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(8 * 2, 8, 4096 / 256, 14336 / 128), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(1 * 8, 256, 7168 / 256, 2048 / 128, kH200Facts.sm_count), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(8 * 2, 8, 4096 / 256, 14336 / 128, kH200Facts.sm_count), 1);
   // Short K: each range at least 8 slices (15 slices: 1 range; 16: 2; 26: 3; 32: 4).
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 15), 1);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 16), 2);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 26), 3);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 32), 4);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 15, kH200Facts.sm_count), 1);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 16, kH200Facts.sm_count), 2);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 26, kH200Facts.sm_count), 3);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 1, 32, kH200Facts.sm_count), 4);
   // The tile bound: 130 entries on 2 experts -> at most (130 + 126) / 64 = 4 tiles (65 + 65 rows: 4).
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(130, 2, 11, 100), 3);
-  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(0, 8, 16, 112), 1);  // no entries
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(130, 2, 11, 100, kH200Facts.sm_count), 3);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(0, 8, 16, 112, kH200Facts.sm_count), 1);  // no entries
+}
+
+// The SM-count rules read the device's facts: a GPU with fewer SMs fills its grid with less work.
+TEST(FusedMoeHeuristic, RulesReadTheDeviceFacts) {
+  DeviceFacts small = kH200Facts;
+  small.sm_count = 64;
+  // fp8, T = 1 on 8 of 128 experts, H = 2048: a down GEMM of 8 x 8 = 64 CTAs.
+  EXPECT_EQ(choose_moe_strategy_fp8(1, 8, 128, 2048, kH200Facts).strategy, MoeStrategy::small_m);
+  EXPECT_EQ(choose_moe_strategy_fp8(1, 8, 128, 2048, small).strategy, MoeStrategy::grouped_gemm);
+  // Mixtral T = 1 (32 CTAs): 4 ranges on 132 SMs, 2 on 64; none where the SM count is unknown (0).
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 16, 112, small.sm_count), 2);
+  EXPECT_EQ(fused_moe_sm90_tma64_gemm2_splits(2, 8, 16, 112, 0), 1);
+  // bf16 gemm2: 200 work items fit two waves of 132 SMs, not of 64.
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(25, 8, 8, kH200Facts.sm_count), 2);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(25, 8, 8, small.sm_count), 1);
 }
 
 TEST(FusedMoeHeuristic, GroupedWsDynamic) {

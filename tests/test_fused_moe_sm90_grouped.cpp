@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_facts.h"
 #include "fused_moe_test_util.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
@@ -401,8 +402,10 @@ TEST(FusedMoeSm90Grouped, WeightOnInput128RowMTiles) {
 TEST(FusedMoeSm90Grouped, TailTilesAndSplitKGemm2) {
   REQUIRE_CUDA();
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(451, 6) == 128, "covers the BM = 128 tiles");
-  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 384 / 64) == 1, "one K range");
-  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 640 / 64) == 2, "two K ranges");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 384 / 64, kH200Facts.sm_count) ==
+                    1, "one K range");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 640 / 64, kH200Facts.sm_count) ==
+                    2, "two K ranges");
   for (int inter : {384, 640}) {
     MoeProblem prob = make(small_shape(Scheme::bf16, 451, 6, 1, 192, inter));
     moe_test::assign_expert_rows(&prob, {64, 65, 1, 192, 129});
@@ -414,7 +417,8 @@ TEST(FusedMoeSm90Grouped, TailTilesAndSplitKGemm2) {
 TEST(FusedMoeSm90Grouped, SplitKGemm2OddSlices) {
   REQUIRE_CUDA();
   static_assert(cuda::fused_moe_sm90_grouped_tile_m(400 * 2, 6) == 128, "covers the BM = 128 tiles");
-  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(7 + 6, 1, 576 / 64) == 2, "two K ranges");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(7 + 6, 1, 576 / 64, kH200Facts.sm_count) ==
+                    2, "two K ranges");
   for (bool g1u1 : {true, false}) {
     MoeProblemOptions o;
     o.g1u1 = g1u1;
@@ -515,9 +519,9 @@ TEST(FusedMoeSm90Grouped, TileMSelectionByRowsPerExpert) {
 
 TEST(FusedMoeSm90Grouped, Gemm2SplitsByWorkListLength) {
   // Pure host rule: Mixtral T = 512 (<= 16 M tiles x 16 N tiles, 224 K slices) splits, T = 4096 not.
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 224), 2);
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(72, 16, 224), 1);
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 7), 1);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 224, kH200Facts.sm_count), 2);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(72, 16, 224, kH200Facts.sm_count), 1);
+  EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 7, kH200Facts.sm_count), 1);
 }
 
 TEST(FusedMoeSm90Grouped, WgmmaSelectionRule) {

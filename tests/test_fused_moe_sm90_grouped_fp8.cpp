@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_facts.h"
 #include "fused_moe_fp8_test_util.h"
 #include "fused_moe_test_util.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
@@ -137,7 +138,8 @@ void expect_zero_rows_and_large_values(RowPair k) {
 
 TEST(FusedMoeSm90GroupedFp8, TailTilesAndSplitKGemm2) {
   SKIP_WITHOUT_KERNEL();
-  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128) == 2, "two K ranges");
+  static_assert(cuda::fused_moe_sm90_grouped_gemm2_splits(4 + 6, 1, 1024 / 128, kH200Facts.sm_count) == 2,
+                "two K ranges");
   expect_tail_tiles_and_split_k_gemm2(kRow128);
 }
 

@@ -7,6 +7,7 @@
 
 #include "cuda/bench_fill.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 
 namespace moekit::cuda {
 
@@ -40,7 +41,9 @@ Status fill_normal_device(void* dst, DType dtype, int64_t n, float stddev, uint6
   if (n <= 0) return Status::Ok();
   if (dst == nullptr) return InvalidArgument("fill_normal_device: dst is null for n = ", n);
   const int threads = 256;
-  const int blocks = int(std::min<int64_t>(ceil_div(n, threads), 132 * 32));
+  DeviceFacts dev;
+  MOEKIT_RETURN_IF_ERROR(current_device_facts(&dev));
+  const int blocks = int(std::min<int64_t>(ceil_div(n, threads), 32 * int64_t(dev.sm_count)));  // 32 per SM
   switch (dtype) {
     case DType::f32: fill_normal<<<blocks, threads>>>(static_cast<float*>(dst), n, stddev, seed); break;
     case DType::bf16: fill_normal<<<blocks, threads>>>(static_cast<__nv_bfloat16*>(dst), n, stddev, seed); break;

@@ -21,6 +21,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "moekit/ops/quant.h"
 
 namespace moekit::cuda {
@@ -28,7 +29,7 @@ namespace moekit::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 132 * 8;  // grid-stride: 8 CTAs per SM of an H200
+constexpr int64_t kCtasPerSm = 8;  // grid-stride: at most 8 CTAs per SM of the device
 
 __device__ unsigned long long g_saturated;  // the counted call's total (guarded by the host mutex)
 
@@ -84,7 +85,10 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 Status launch(const Args& a, cudaStream_t stream) {
   const int64_t work = std::max(a.nvec + (a.n - a.nvec * 16), a.n_scales);
-  const int grid = int(std::min<int64_t>(kMaxGrid, std::max<int64_t>(1, (work + kThreads - 1) / kThreads)));
+  DeviceFacts dev;
+  MOEKIT_RETURN_IF_ERROR(current_device_facts(&dev));
+  const int64_t max_grid = kCtasPerSm * dev.sm_count;
+  const int grid = int(std::min<int64_t>(max_grid, std::max<int64_t>(1, (work + kThreads - 1) / kThreads)));
   convert_kernel<<<grid, kThreads, 0, stream>>>(a);
   return last_launch("convert_fp8_sm90: convert_kernel");
 }

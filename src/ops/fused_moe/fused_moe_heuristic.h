@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/device_facts.h"
+
 namespace moekit {
 
 enum class MoeStrategy : uint8_t { small_m, grouped_gemm };
@@ -64,22 +66,22 @@ inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
 // tiles = 32) small_m 160 us vs 64-row grouped 189; Qwen3 (8 x 8 = 64) 38.2 vs 42.1; DeepSeek-V3
 // (8 x 28 = 224) 160 vs 134 (128-row grouped 152); fp8 block: Mixtral small_m 178 vs 64-row
 // grouped 235, DeepSeek-V3 186 vs 146. small_m streams the weights at ~2.2 TB/s whatever the shape,
-// while the grouped kernels stream them faster once their grids cover the SMs. 132 = the H200's
-// SM count.
+// while the grouped kernels stream them faster once their grids cover the SMs (the H200's 132 then;
+// the device's SM count here).
 constexpr int64_t kSmallMFp8MaxTouched = 8;
-constexpr int64_t kFp8GroupedMinDownCtas = 132;
 
-inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
+inline MoeStrategyChoice choose_moe_strategy_fp8(int64_t T, int64_t k, int64_t E, int64_t H, const DeviceFacts& dev) {
   const int64_t touched = touched_experts(T * k, E);
   const double rows = rows_per_touched_expert(T * k, E);
   if (rows > kSmallMMaxRowsPerExpert || touched > kSmallMFp8MaxTouched) {
     return {MoeStrategy::grouped_gemm, rows, "fp8: more than 8 touched experts or 1.5 rows each: grouped GEMM"};
   }
-  if (touched * ((H + 255) / 256) >= kFp8GroupedMinDownCtas) {
+  if (touched * ((H + 255) / 256) >= dev.sm_count) {
     return {MoeStrategy::grouped_gemm, rows,
-            "fp8: few rows, but the grouped down GEMM fills the SMs (touched x H / 256 >= 132)"};
+            "fp8: few rows, but the grouped down GEMM fills the SMs (touched x H / 256)"};
   }
-  return {MoeStrategy::small_m, rows, "fp8: <= 8 touched experts with <= 1.5 rows each, down GEMM < 132 CTAs: small_m"};
+  return {MoeStrategy::small_m, rows,
+          "fp8: <= 8 touched experts with <= 1.5 rows each, down GEMM below the SM count: small_m"};
 }
 
 // Within the grouped strategy of the fp8 W8A8 variants, the kernel's M tile rows for T*k = tk routed
@@ -144,7 +146,7 @@ inline bool fused_moe_sm90_grouped_fp8_m192(int64_t tk, int64_t E) {
 // The down GEMM (gemm2) of the 64 x 256 TMA tiles (fp8 per-row and block variants) in `splits` K
 // ranges, each written as an f32 partial of y that the reduce step adds in a fixed order (so the
 // result stays deterministic), where its tiles would fill too few SMs: as many ranges as fit the
-// 132 SMs, at most kTma64Gemm2MaxSplits, each of at least kTma64Gemm2MinSlices K slices. The M tiles
+// device's SMs, at most kTma64Gemm2MaxSplits, each of at least kTma64Gemm2MinSlices K slices. The M tiles
 // of tk routed entries are bounded by (tk + 63 touched) / 64 (each touched expert's last tile may
 // hold one row).
 // NOTE: measured with Nsight Compute on the H200 (2026-12-01, Mixtral fp8_tensor T=1): the one-range
@@ -158,11 +160,12 @@ inline bool fused_moe_sm90_grouped_fp8_m192(int64_t tk, int64_t E) {
 // of 224 tiles) 1.035 / 1.038, Mixtral fp8_tensor T=8 / 64 1.006 / 1.008.
 constexpr int kTma64Gemm2MaxSplits = 4;
 constexpr int kTma64Gemm2MinSlices = 8;
-constexpr int fused_moe_sm90_tma64_gemm2_splits(int64_t tk, int64_t E, int64_t n_tiles, int64_t k_slices) {
+constexpr int fused_moe_sm90_tma64_gemm2_splits(int64_t tk, int64_t E, int64_t n_tiles, int64_t k_slices,
+                                                int sm_count) {
   const int64_t touched = touched_experts(tk, E);
   if (touched <= 0 || n_tiles <= 0) return 1;
   const int64_t work = (tk + 63 * touched) / 64 * n_tiles;
-  int64_t s = 132 / work;
+  int64_t s = sm_count / work;
   if (s > kTma64Gemm2MaxSplits) s = kTma64Gemm2MaxSplits;
   if (s > k_slices / kTma64Gemm2MinSlices) s = k_slices / kTma64Gemm2MinSlices;
   return s < 1 ? 1 : int(s);
@@ -207,12 +210,13 @@ constexpr bool fused_moe_sm90_grouped_ws_dynamic(int64_t N) { return N >= kGroup
 // choose_moe_strategy_fp8. NOTE: on the H200 (2026-12-01) the 64 x 256 tiles beat small_m's
 // CUDA-core dots at one token: block variant, Mixtral T=1 144 vs 178 us, Qwen3 T=1 38.4 vs 41.0;
 // per-tensor, Mixtral T=1 137 vs 160, DeepSeek-V3 T=1 115 vs 120; per-row, Qwen3 T=1 35.9 vs 38.4.
-inline MoeStrategyChoice choose_moe_strategy_fp8_tma64(int64_t T, int64_t k, int64_t E, int64_t H) {
+inline MoeStrategyChoice choose_moe_strategy_fp8_tma64(int64_t T, int64_t k, int64_t E, int64_t H,
+                                                       const DeviceFacts& dev) {
   if (H % 256 == 0) {
     return {MoeStrategy::grouped_gemm, rows_per_touched_expert(T * k, E),
             "fp8, H % 256 == 0: grouped GEMM (64 x 256 QGMMA tiles for experts with few rows)"};
   }
-  return choose_moe_strategy_fp8(T, k, E, H);
+  return choose_moe_strategy_fp8(T, k, E, H, dev);
 }
 
 }  // namespace moekit

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "cuda/device_facts.h"
 #include "moekit/core/config.h"
 #include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
@@ -28,13 +29,13 @@ struct MoeStrategyKernel {
 
 // The kernel to run for p: the heuristic's choice if it accepts p, else the other one if it does.
 // Returns nullptr (with *why) when neither accepts.
-// The rule sees the tokens T, slots per token k, local experts E and the hidden size H.
-using MoeStrategyRule = MoeStrategyChoice (*)(int64_t T, int64_t k, int64_t E, int64_t H);
+// The rule sees the tokens T, slots per token k, local experts E, the hidden size H and the device.
+using MoeStrategyRule = MoeStrategyChoice (*)(int64_t T, int64_t k, int64_t E, int64_t H, const DeviceFacts& dev);
 
 inline const MoeStrategyKernel* pick_moe_strategy(const MoeStrategyKernel& small_m, const MoeStrategyKernel& grouped,
                                                   MoeStrategyRule rule, const FusedMoeParams& p, std::string* why) {
   const MoeDims d = moe_dims(p);
-  const MoeStrategyChoice c = rule(d.T, d.k, d.E, d.H);
+  const MoeStrategyChoice c = rule(d.T, d.k, d.E, d.H, current_device_facts_or_zero());
   const MoeStrategyKernel* first = c.strategy == MoeStrategy::small_m ? &small_m : &grouped;
   const MoeStrategyKernel* second = first == &small_m ? &grouped : &small_m;
   const Status s1 = first->supports(p);

@@ -16,7 +16,9 @@ constexpr MoeStrategyKernel kSmallM = {fused_moe_small_m_supports, fused_moe_sma
 constexpr MoeStrategyKernel kGrouped = {fused_moe_sm90_grouped_supports, fused_moe_sm90_grouped_workspace_bytes,
                                         fused_moe_sm90_grouped_run, "fused_moe_sm90_grouped"};
 // The bf16 rule does not depend on H (fused_moe_heuristic.h).
-MoeStrategyChoice rule(int64_t T, int64_t k, int64_t E, int64_t /*H*/) { return choose_moe_strategy(T, k, E); }
+MoeStrategyChoice rule(int64_t T, int64_t k, int64_t E, int64_t /*H*/, const DeviceFacts& /*dev*/) {
+  return choose_moe_strategy(T, k, E);
+}
 using Auto = MoeAutoKernel<kSmallM, kGrouped, rule>;
 
 Status run(const FusedMoeParams& p, const RunContext& ctx) { return Auto::run("fused_moe_sm90_bf16", p, ctx); }

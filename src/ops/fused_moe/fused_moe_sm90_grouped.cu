@@ -21,6 +21,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
@@ -73,9 +74,10 @@ WsLayout layout_of(const FusedMoeParams& p) {
   // consecutive rows; Hopper's has no row gather).
   l.xs = take(fused_moe_sm90_grouped_uses_tma(bm) ? size_t(l.tk) * size_t(d.H) * 2 : 0);
   l.a = take(size_t(l.tk) * size_t(d.I) * 2);
-  l.splits = fused_moe_sm90_grouped_uses_tma(bm) ? fused_moe_sm90_grouped_gemm2_splits(
-                                                      l.tiles_max, ceil_div(d.H, kBN), d.I / kBK)
-                                                : 1;
+  l.splits = fused_moe_sm90_grouped_uses_tma(bm)
+                 ? fused_moe_sm90_grouped_gemm2_splits(l.tiles_max, ceil_div(d.H, kBN), d.I / kBK,
+                                                       current_device_facts_or_zero().sm_count)
+                 : 1;
   l.y = take(size_t(l.splits) * size_t(l.tk) * size_t(d.H) * 4);
   l.total = off + kAlign;  // + kAlign: the caller's workspace need not be aligned
   return l;
@@ -107,7 +109,7 @@ struct Mainloop {
   using AccT = std::conditional_t<kWgmma, AccW, Acc<Tile<BM>::kNT>>;
   // Dynamic shared memory: the stages, + slack to align them to the 1024-byte swizzle atom.
   static constexpr int kSmemBytes = Tile<BM>::kSmemBytes + (kWgmma ? int(kSw128AtomBytes) : 0);
-  static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+  static_assert(kSmemBytes + 2 * BM * 4 <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 };
 
 // ---------------------------------------------------------------- epilogues (both mainloops)

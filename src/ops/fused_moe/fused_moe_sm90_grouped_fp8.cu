@@ -19,6 +19,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "cuda/fp8_encode.cuh"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
@@ -50,13 +51,14 @@ extern __shared__ __align__(1024) unsigned char smem_raw[];
 // range; tma64, 64 x 256 TMA tiles: fused_moe_sm90_tma64_gemm2_splits).
 Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
   const MoeDims d = moe_dims(p);
+  const int sms = current_device_facts_or_zero().sm_count;
   if (bm == kMmaBM) {
-    const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes) : 1;
+    const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes, sms) : 1;
     return fp8_workspace(p, 1, 1, splits, bm);
   }
   const int64_t tiles_max = fused_moe_sm90_grouped_tiles_max(d.T * d.k, d.E, bm);
-  return fp8_workspace(p, 1, 1, fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes),
-                       bm);
+  return fp8_workspace(p, 1, 1,
+                       fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes, sms), bm);
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
@@ -139,7 +141,7 @@ constexpr WsTail kFp8Tail = Shape::kWgs == 2 ? kKind : WsTail::none;
 __device__ __forceinline__ bool fp8_tail_tile(const Fp8GemmArgs& p, int m) {
   return p.offsets[p.tile_expert[m] + 1] - p.tile_row0[m] <= 64;
 }
-static_assert(ws_gemm_smem_bytes<WsShape<3>>() <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+static_assert(ws_gemm_smem_bytes<WsShape<3>>() <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 
 // Warp-wide (every lane): lane l copies the scales of columns col(l) .. col(l) + 7 of expert e
 // (N per expert) into dst[8 l ..] (zeros where col(l) >= N). The first __syncwarp keeps the copy

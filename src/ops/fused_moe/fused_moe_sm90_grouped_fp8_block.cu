@@ -50,6 +50,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "cuda/fp8_encode.cuh"
 #include "cuda/fp8_quotient.h"
 #include "cuda/tensor_map.h"
@@ -84,7 +85,10 @@ constexpr bool blk_gemm1_quantizes_a(BlkTiles t) { return t == BlkTiles::tma64 |
 Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
   const MoeDims d = moe_dims(p);
   const bool tma64 = t == BlkTiles::tma64;
-  const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk) : 1;
+  const int splits =
+      tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk,
+                                                 current_device_facts_or_zero().sm_count)
+            : 1;
   return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, blk_tile_rows(t), !blk_gemm1_quantizes_a(t));
 }
 
@@ -384,10 +388,11 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
 // kernel): DeepSeek-V3 T=8 723 vs 729 us (gemm1: 56 K slices, ~1000 CTAs), but T=1 130.5 vs 125.6
 // (gemm1 ~140 CTAs) and Qwen3 T=8 118.3 vs 114.2 (32 K slices); DeepSeek-V3 T=512 a tie. The
 // thresholds sit between those points; _s5 times every shape with 5 to place them better.
-constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinCtas = 6 * 132;
-inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5) {
+// "Large grids": at least kBlk5StagesMinWaves CTAs per SM of the device (6 x 132 on the H200).
+constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinWaves = 6;
+inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5, int sm_count) {
   if (!blk_mma_fits(K / kBlk, 5)) return 4;
-  return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinCtas) ? 5 : 4;
+  return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinWaves * sm_count) ? 5 : 4;
 }
 
 // force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
@@ -421,8 +426,9 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
     if (tiles == BlkTiles::tma128n256) return run_blk_tma<BlkTiles::tma128n256>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma64) return run_blk_tma<BlkTiles::tma64>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
-    const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5) == 5;
-    const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5) == 5;
+    const int sms = current_device_facts_or_zero().sm_count;
+    const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5, sms) == 5;
+    const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5, sms) == 5;
     if (five1) return five2 ? run_blk_mma<5, 5>(p, l, g1, g2, base, s) : run_blk_mma<5, 4>(p, l, g1, g2, base, s);
     return five2 ? run_blk_mma<4, 5>(p, l, g1, g2, base, s) : run_blk_mma<4, 4>(p, l, g1, g2, base, s);
   };

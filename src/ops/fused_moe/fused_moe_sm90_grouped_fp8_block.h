@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/device_facts.h"
 #include "moekit/ops/fused_moe.h"
 #include "moekit/registry.h"
 
@@ -25,7 +26,7 @@ Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunCo
 // take: 33152 with 4 stages, 13312 with 5. Mixtral's I = 14336 is the largest of the presets (4
 // stages).
 constexpr int64_t kFp8BlockBm64StageBytes = (64 + 256) * 128;
-constexpr int64_t kFp8BlockBm64MaxSmem = 227 * 1024;
+constexpr int64_t kFp8BlockBm64MaxSmem = kSm90SmemOptinBytes;
 constexpr int64_t fused_moe_sm90_grouped_fp8_block_bm64_max_k(int stages = 4) {
   return (kFp8BlockBm64MaxSmem - stages * kFp8BlockBm64StageBytes) / ((64 + 2) * 4) * 128;
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/device_facts.h"
 #include "cuda/tensor_map.h"
 #include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
@@ -57,7 +58,7 @@ struct Fp8Ring {
   using Smem = WsSmemT<kStages, kStageBytes, kABytes>;
   using Ring = WsRingT<kStages>;
   static constexpr int kSmemBytes = ws_smem_bytes<Smem>();
-  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+  static_assert(kSmemBytes <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
   static constexpr int kNCols = kN;  // output columns of a tile
   // Warpgroup wg's first A row and B byte offset in a stage.
   __device__ __forceinline__ static uint32_t a_off(int wg) { return kBM == 128 ? uint32_t(wg) * 64 * kFp8Slice : 0u; }

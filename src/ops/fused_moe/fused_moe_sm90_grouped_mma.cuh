@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/device_facts.h"
+
 namespace moekit::cuda::grouped {
 
 constexpr int kBN = 256;      // columns of an output tile (B rows)
@@ -58,7 +60,7 @@ struct Tile {
   static constexpr int kSmemBytes = kStages * kStageElems * 2;  // 160 KiB (64) / 192 KiB (128)
   static_assert(kLoadsA * kThreads == BM * kBK / 8, "whole A tile per stage");
   static_assert(kLoadsB * kThreads == kBN * kBK / 8, "whole B tile per stage");
-  static_assert(kSmemBytes + 2 * BM * 4 <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+  static_assert(kSmemBytes + 2 * BM * 4 <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 };
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -276,7 +278,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 
   const int KT = K / kBK;
   constexpr int kStages = HookStages<Hook>::value;
-  static_assert(kStages * Tl::kStageElems * 2 <= 227 * 1024, "the stages fit one CTA's shared memory");
+  static_assert(kStages * Tl::kStageElems * 2 <= kSm90SmemOptinBytes, "the stages fit one CTA's shared memory");
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_stage<TT, BM>(s0 + s * kStageBytes, src, s * kBK, tid);

@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/device_facts.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/pdl.cuh"
 #include "moekit/ops/fused_moe.h"
@@ -52,7 +53,7 @@ constexpr uint32_t kWsBHalfBytes = 128 * kBK * 2;  // one 128-row B box
 constexpr uint32_t kWsStageBytes = kWsABytes + 2 * kWsBHalfBytes;  // 48 KiB
 // Dynamic shared memory: alignment slack + the stages + 2 kWsStages mbarriers.
 constexpr int kWsSmemBytes = int(kSw128AtomBytes + kWsStages * kWsStageBytes + 2 * kWsStages * 8);
-static_assert(kWsSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one CTA");
+static_assert(kWsSmemBytes <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 // M tiles per raster group (ws_tile); a work list of at most kWsOneGroupM M tiles is one group.
 // NOTE: groups of 16 for every list measured 2% faster at Mixtral T=512 (12 M tiles) and 1-4% slower
 // at T=4096 (Mixtral, Qwen3: 64 M tiles) than 8 on the H200. One group up to 16 M tiles (H200,

@@ -40,6 +40,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "cuda/fp8_encode.cuh"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -52,7 +53,7 @@ constexpr int kThreads = 256;            // every kernel's CTA
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCachedChunks = 4;      // CPT of the register-cached group kernel
 constexpr int64_t kMaxGrid = 1 << 20;    // grid-stride beyond this many CTAs
-constexpr int64_t kMaxFlatGrid = 132 * 8;  // per_tensor kernels: 8 CTAs per SM of an H200
+constexpr int64_t kFlatCtasPerSm = 8;     // per_tensor kernels: at most 8 CTAs per SM of the device
 
 // ---------------------------------------------------------------- loads
 // Exact scalar decode of element i (the slow path's, and the source of a NaN's sign).
@@ -350,7 +351,9 @@ Status run_per_tensor(const QuantizeFp8Params& p, cudaStream_t stream) {
   const bool vec = aligned16(a.in) && aligned16(a.out);
   a.nvec = vec ? a.n / 16 : 0;
   const int64_t work = vec ? a.nvec + (a.n - a.nvec * 16) : a.n;
-  const int grid = int(std::min<int64_t>(kMaxFlatGrid, (work + kThreads - 1) / kThreads));
+  DeviceFacts dev;
+  MOEKIT_RETURN_IF_ERROR(current_device_facts(&dev));
+  const int grid = int(std::min<int64_t>(kFlatCtasPerSm * dev.sm_count, (work + kThreads - 1) / kThreads));
   if (!p.static_scale) {
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaMemsetAsync(a.scale, 0, sizeof(float), stream),
                                       "quantize_fp8_sm90: cudaMemsetAsync (amax)"));
