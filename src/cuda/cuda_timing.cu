@@ -17,11 +17,10 @@
 // (Hopper's L2 is not inclusive of anything the next replay reads), which is what the peer's
 // harness does (ANCHORS.md: "L2 flushed before each run").
 // NOTE: the memset leaves the L2 full of dirty lines, which the timed replay then writes back to DRAM
-// as its reads evict them. Measured on the H200 (2026-12-01, docs/PERF.md tenth session) against a
-// flush that reads a second buffer after the memset (clean lines, untimed write-back): the fp8 fused
-// MoE 5.8-7.4 us faster (Mixtral T=1..512, DeepSeek-V3 T=1 / 8), bf16 Mixtral T=1 16 us. Kept as is:
-// the peer's numbers in ANCHORS.md were taken the same way. L2Flush::clean (`moekit bench --l2 clean`)
-// adds that read (read_all_kernel), outside the timed region.
+// as its reads evict them: a few us per replay against a flush that leaves clean lines
+// (docs/experiments.md E1). Kept as is: the peer's numbers in ANCHORS.md were taken the same way.
+// L2Flush::clean (`moekit bench --l2 clean`) adds a read of a second buffer after the memset
+// (read_all_kernel), outside the timed region (E2).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // enough): the f32 quotient itself except where the residual underflows (|v| < 2^-103, code +-0
 // either way). Host and device; the 256-column block gemm1 epilogues (blk_store_codes) divide the
 // values of a group a thread holds by one scale with it, where __fdiv_rn cost more than the
-// quantizer kernel the epilogue replaces.
+// quantizer kernel the epilogue replaces (docs/experiments.md E74).
 // Test: tests/test_fp8_quotient.cpp (codes against the IEEE quotient on random and edge pairs).
 #pragma once
 

@@ -7,8 +7,8 @@
 // (they in turn wait for this grid's completion). So only launch latency and CTA scheduling overlap,
 // never data; both instructions are no-ops in a kernel launched without the attribute, so a kernel
 // that starts with wait_for_predecessor() may be launched either way.
-// NOTE: not for the persistent 128 x 256 / 128 x 128 gemms nor the block variant's gemms: measured on
-// the H200 (2026-12-01, docs/PERF.md) they ran 2.6-26% slower with it.
+// NOTE: not for the persistent 128 x 256 / 128 x 128 gemms nor the block variant's gemms: they ran
+// slower with it, why is not known (docs/experiments.md E31).
 // CUDA-only header: include only from .cu files.
 #pragma once
 

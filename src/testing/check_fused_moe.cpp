@@ -595,9 +595,8 @@ Status fill_fp8_weights_device(const MoeShape& s, const MoeProblemOptions& o, DT
 // NOTE: the weights are generated ON THE DEVICE (cuda::fill_normal_device, a different seed per
 // set, std 1/sqrt(H) for w1 and 1/sqrt(I) for w2; fp8 schemes then quantized there by the
 // library's CUDA quantize_fp8, fill_fp8_weights_device): on the host, full-size weights take
-// minutes (DeepSeek-V3: 11 G elements per set; a DeepSeek-V3 fp8 bench of T = 1..4096 took over
-// 70 s per kernel with host-quantized weights). The host problem is then generated with I = 1
-// (same x, same routing, tiny weights).
+// minutes (DeepSeek-V3: 11 G elements per set; docs/experiments.md E4). The host problem is then
+// generated with I = 1 (same x, same routing, tiny weights).
 constexpr int64_t kFp8GenTmpElems = int64_t(1) << 28;  // bf16 staging of fill_fp8_weights_device: 512 MiB
 
 Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::unique_ptr<BenchProblem>* out) {

@@ -270,7 +270,8 @@ void run_tasks(const std::vector<PackedTask>& tasks, Fn&& fn) {
 
 // a[j] = bf16(silu(w g[j]) * (w u[j])) for j < n (n % 16 == 0; u null: g1u0, no product), with the
 // vector sigmoid of cpu_simd.h (within kExpRelErr of expf's; a is rounded to bf16 anyway).
-// NOTE: the scalar expf of ref::moe::activation cost ~4% of the Mixtral T=512 run.
+// NOTE: the scalar expf of ref::moe::activation cost a few percent of a large-T run
+// (docs/experiments.md E89).
 MOEKIT_CPU_AVX512 void silu_mul_bf16(const float* g, const float* u, float w, int64_t n, uint16_t* a) {
   const __m512 vw = _mm512_set1_ps(w);
   alignas(64) float v[16];

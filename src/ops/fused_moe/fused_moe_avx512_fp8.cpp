@@ -22,7 +22,7 @@
 // f16 by vcvtph2ps; bf16 by a 16-bit shift; f32 as is. Each weight row is software-prefetched
 // kPrefetch bytes ahead into L2: with 1-byte weights the out-of-order window covers half the bytes
 // it covers for bf16, and the hardware prefetchers alone left the one-token case short of the
-// DRAM bandwidth.
+// DRAM bandwidth (docs/experiments.md E90; the distance: E93).
 // Deterministic: fixed partition (src/cpu/thread_pool.h), each output element from one thread in
 // a fixed order. AVX-512 through target attributes: no special flags for this file; supports()
 // refuses CPUs without AVX-512 F/BW/VL (moe::require_avx512).
@@ -345,7 +345,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void down_rows(const FusedM
 // bf16 bits (code value x 2^-120, as dot_rows_fp8_dp), then one vdpbf16ps per half and token with
 // the token's activation pair (bf16 x 2^119) broadcast: the 16 lanes are 16 output rows, so no
 // horizontal sums, and each panel is read as one sequential stream (row_major weights are read as
-// R interleaved rows, which streamed worse on this machine: docs/PERF.md).
+// R interleaved rows, which streamed worse on this machine: E95, E94).
 // out[p][t][j] = (panel p row j) . (token t) for P panels (P <= 2), NT tokens (2 P NT <= 16 zmm).
 template <int P, int NT>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void panel_dots_fp8(

@@ -80,8 +80,8 @@ constexpr int64_t fused_moe_sm90_grouped_tiles_max(int64_t tk, int64_t E, int64_
 // K ranges of the TMA path's gemm2 (split K; each range writes its own f32 partial y, the reduce
 // adds them in range order, so results stay deterministic): 2 when the work list (at most tiles_max
 // M tiles x n_tiles N tiles of 128 x 256) fits in two waves of the device's SMs and K has >= 8
-// slices of 64, else 1. NOTE: Mixtral T=512 (<= 16 M tiles x 16 N tiles) otherwise runs 1.45 waves
-// of 14336-long K loops on the H200's 132 SMs, the last one 45% full. Pure (host and tests).
+// slices of 64, else 1. NOTE: unsplit, a list like Mixtral T=512's runs a wave and a half of long K
+// loops, the last wave part-empty (docs/experiments.md E21). Pure (host and tests).
 constexpr int fused_moe_sm90_grouped_gemm2_splits(int64_t tiles_max, int64_t n_tiles, int64_t k_slices,
                                                   int sm_count) {
   return tiles_max * n_tiles <= 2 * int64_t(sm_count) && k_slices >= 8 ? 2 : 1;

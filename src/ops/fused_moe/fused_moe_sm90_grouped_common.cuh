@@ -33,9 +33,10 @@ constexpr int kReduceThreads = 256;
 template <Activation A>
 __device__ __forceinline__ float act(float z) {
   if constexpr (A == Activation::silu) {
-    // The hardware exp2 and reciprocal (__expf, __fdividef: a few ulp from expf and an IEEE divide,
-    // far below the bf16 / fp8 rounding of a that follows; z very negative gives -0 as z / inf
-    // does). expf and the division subroutine made the gate/up gemms' epilogue several times longer.
+    // The hardware exp2 and reciprocal (__expf, __fdividef): a few ulp from expf and an IEEE
+    // divide, far below the bf16 / fp8 rounding of a that follows (z very negative gives -0 as
+    // z / inf does); expf and the division subroutine bloated the gemm1 epilogues
+    // (docs/experiments.md E25).
     return __fdividef(z, 1.0f + __expf(-z));
   } else if constexpr (A == Activation::gelu) {
     return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
@@ -192,13 +193,10 @@ struct ReduceArgs {
 
 // Block (t, g) per token t and 1024-column chunk g: out[t, c] = round(sum_j w_tj * y[row(t, j), c]),
 // j ascending; a token with no computed slot gets a zero row.
-// NOTE: one block per token read a whole DeepSeek-V3 row set (k 8 x 7168 f32 = 229 KB) with 256
-// threads, latency-bound: 16.7 us at T = 8 (ncu, 2026-12-01), 11% of the fp8 kernels' time at
-// T = 1 / 8; the chunks give T x H / 1024 blocks.
-// NOTE: loading 8 partials a thread before adding any (one round trip per batch instead of one per
-// (slot, range)) measured no faster on the H200 (branch gpu-pending15, tenth session of
-// docs/PERF.md: 0.997-1.004 at Mixtral / DeepSeek-V3 T=1..64, Qwen3 T=1 1.024): at one token this
-// kernel's 3-4 us are its launch and wait, not its loads.
+// NOTE: one block per token was latency-bound on a whole row set (k x H f32 partials); the chunks
+// give T x H / 1024 blocks (E24).
+// NOTE: loading 8 partials a thread before adding any measured no faster: at one token this
+// kernel's time is its launch and wait, not its loads (E28).
 constexpr int kReduceChunk = kReduceThreads * 4;  // columns per block
 template <class TT>
 __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(ReduceArgs p) {

@@ -115,11 +115,9 @@ __device__ __forceinline__ float wscale_e(const Fp8GemmArgs& p, int e) { return 
 // (ws_extra_smem; per-row weight scales only): 256 floats per warp.
 // NOTE: the epilogues used to load each column pair's scales from global memory next to the store
 // of that pair: a load after a store through the float* output cannot be hoisted above it (they may
-// alias), so every pair paid an L1 or L2 latency in the consumer warps' critical path. Measured on
-// the H200 (2026-12-01, docs/PERF.md): fp8_channel (per-row weight scales) then ran 14-43% slower
-// than fp8_tensor on the same tiles (Qwen3 T=64 294 vs 206 us, DeepSeek-V3 T=512 3573 vs 3091).
-// Shared-memory loads do not alias global stores, and the consumers have no registers to spare
-// (168 at most, fused_moe_sm90_grouped_tma.cuh).
+// alias), so every pair paid an L1 or L2 latency and fp8_channel ran well behind fp8_tensor
+// (docs/experiments.md E37, E36). Shared-memory loads do not alias global stores, and the consumers
+// have no registers to spare (168 at most, fused_moe_sm90_grouped_tma.cuh).
 constexpr int kWsScaleCols = kBN;
 template <class Shape = WsShape<2>>
 constexpr int kWsScaleSmem = Shape::kConsumerWarps * kWsScaleCols * int(sizeof(float));
@@ -134,8 +132,8 @@ __device__ __forceinline__ uint32_t* ws_item_words(unsigned char* smem_raw) {
   return reinterpret_cast<uint32_t*>(ws_extra_smem_of<typename Shape::Smem>(smem_raw) + kWsScaleSmem<Shape>);
 }
 // The tail tiles (ws_consume_tail) of the 128 x 256 gemms: M tiles of at most 64 real rows.
-// NOTE: a K-split gemm2's tail item over the whole K in range 0 (other ranges skipped) measured 1.045-
-// 1.085x at Mixtral fp8_tensor T=256..4096 (branch tailk; docs/PERF.md, fourteenth session).
+// NOTE: a K-split gemm2's tail item over the whole K in range 0 (other ranges skipped) measured
+// slower at Mixtral (E58).
 template <class Shape, WsTail kKind>
 constexpr WsTail kFp8Tail = Shape::kWgs == 2 ? kKind : WsTail::none;
 __device__ __forceinline__ bool fp8_tail_tile(const Fp8GemmArgs& p, int m) {
@@ -159,8 +157,9 @@ __device__ __forceinline__ void stage_wscales(float* dst, const float* w_scale, 
 
 // gemm1: ma = xq [Tk, H] codes, mb = w1 as [E * N1, H] codes; N tiles of 128 gate + 128 up columns
 // (g1u1) or 256 (g1u0). a = act(g) * u (or act(g)) in f32, g = acc * s_x * w1_scale (* w).
-// NOTE: a in bf16 (branch abf16) measured 0.98-0.99x at Mixtral T=512 for ~3% of a's codes one step
-// off the reference: not kept (docs/PERF.md, fourteenth session). Shape:
+// NOTE: a in bf16 gained at most 1-2% for some of a's codes one fp8 step off the reference: not kept
+// (E59).
+// Shape:
 // the tile shape (WsShape<2>: 128 x 256, WsShape<3>: 192 x 256); consumer warp w takes rows 16 w ..
 // 16 w + 15 of the tile.
 template <bool G1U1, Activation A, class Shape = WsShape<2>>
@@ -399,7 +398,7 @@ using Ring64 = Fp8Ring<64>;
 
 // Consumer warpgroup wg: acc = its 64 rows x 128 columns of the tile over the KT slices, each
 // slice's partial sums promoted into f32 (fp8_ring_consume_promoted: sm_90's e4m3 wgmma
-// accumulates with fewer bits than f32; its NOTE has the measured error of the unpromoted sums).
+// accumulates with fewer bits than f32; the unpromoted sums' measured error: E42).
 __device__ __forceinline__ void row64_consume_tile(const Ring64::Smem& sm, Ring64::Ring& ring, int wg, int KT,
                                                    float (&acc)[16][4]) {
 #pragma unroll
@@ -539,14 +538,11 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
 // ---------------------------------------------------------------- host side
 // The BM 128 gemms: persistent TMA + wgmma kernels (one CTA per SM at most), gemm2 in l.splits K
 // ranges.
-// NOTE: launched without programmatic dependent launch, unlike the 64 x 256 gemms: measured on the
-// H200 (2026-12-01, docs/PERF.md), PDL on these persistent kernels cost 5.8% at DeepSeek-V3
-// fp8_tensor T=4096 (5620 vs 5311 us), 3.4% at Qwen3 T=4096 and 2.6% at Mixtral T=4096, and about
-// as much with the early launch_dependents left out (5575 us). (The block variant's gemms lost up to
-// 26% with it, its 64 x 256 tiles included: none of them use it.)
-// NOTE: two-CTA clusters multicasting the A rows (N tiles 2q, 2q + 1 of one M tile; branch
-// gpu-measured11) ran 1.6-4.3% slower on the H200 (Mixtral T=512..4096, Qwen3 and DeepSeek-V3
-// T=4096, ninth session of docs/PERF.md), though the L2 is at 81-89% of its peak at Mixtral T=512.
+// NOTE: launched without programmatic dependent launch, unlike the 64 x 256 gemms: PDL made these
+// persistent kernels slower at T=4096, with or without the early launch_dependents, and the block
+// variant's gemms (its 64 x 256 tiles included) slower still, so none of them use it (E31).
+// NOTE: two-CTA clusters multicasting the A rows (N tiles 2q, 2q + 1 of one M tile) ran slower: the
+// pair waits on its slower CTA at every stage, and fewer A reads do not relieve the L2 (E54, E81).
 // Shape: WsShape<2> (128 x 256 tiles) or WsShape<3> (192 x 256, fused_moe_sm90_grouped_fp8_row_m192).
 template <class Shape>
 Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,
@@ -571,14 +567,11 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
-// NOTE: measured slower on the H200 (docs/PERF.md, tenth session), against separate kernels:
+// NOTE: measured slower than separate kernels:
 // - the last CTA of each gemm1 M tile quantizing its rows of a and the last CTA of each gemm2 N tile
-//   reducing over k (completion counters zeroed by the routing kernel; T <= 4, branch gpu-pending14):
-//   +1..8% (Mixtral fp8_tensor T=1 / 2 / 4: 1.030 / 1.080 / 1.011); the reduction alone +1.5..2.9%.
-//   Leaving the quantizer and the reduce kernel out of the graph saves 5.2 and 3.2 us at Mixtral
-//   T=1, but a fence, a counter and one CTA's serial pass cost more than the PDL launch;
-// - the producer loading its first item's B boxes before griddepcontrol.wait (branch gpu-pending12):
-//   0.995..1.027.
+//   reducing over k (T <= 4): a fence, a counter and one CTA's serial pass cost more than the next
+//   kernel's PDL launch they save (E53, E82);
+// - the producer loading its first item's B boxes before griddepcontrol.wait (E52).
 // Whole N tiles: H % 256 == 0, I % 128 (g1u1) or 256 (g1u0) == 0 (fused_moe_sm90_grouped_fp8_row_tma64's
 // supports).
 Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8GemmArgs& g1, const Fp8GemmArgs& g2,

@@ -129,10 +129,8 @@ struct BlkArgs {
 // The scales it reads are staged in shared memory behind the mainloop's stages before the K loop
 // (stage_blk_scales): the tile's activation scales [KT][64] (row fastest, 0 past the tile's real
 // rows, so padding rows need no mask) and two rows of KT weight scales.
-// NOTE: read from global memory inside the hook (2026-12-01), each slice's promotion waited on
-// loads that all 8 warps issue at the same point after the slice barrier: DeepSeek-V3 T=8 (ncu,
-// base clocks) gemm1 646 us / gemm2 328 us against 537 / 262 for the per-row BM 64 kernels, same
-// DRAM bytes.
+// NOTE: read from global memory inside the hook, each slice's promotion waited on loads that all 8
+// warps issue at the same point after the slice barrier (docs/experiments.md E62).
 // kTwo: the warp's columns span two scale blocks (gemm1 g1u1: gate in lo, up in hi), else one (lo).
 // kStages: the mainloop's pipeline depth (HookStages): 5 where the scales leave room, else 4.
 template <int NT, bool kTwo, int kStages_ = grouped::kStages>
@@ -384,10 +382,9 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
 // The pipeline depth of a one-N-tile BM 64 gemm over K on `ctas` CTAs: 5 stages (200 KiB) for long
 // K loops on large grids where the scales of K still fit beside them (K <= 13312), else 4.
 // force5 (fused_moe_sm90_grouped_fp8_block_bm64_s5): 5 wherever they fit.
-// NOTE: measured on the H200 (2026-12-01, docs/PERF.md; 5 stages for both gemms against 4, default
-// kernel): DeepSeek-V3 T=8 723 vs 729 us (gemm1: 56 K slices, ~1000 CTAs), but T=1 130.5 vs 125.6
-// (gemm1 ~140 CTAs) and Qwen3 T=8 118.3 vs 114.2 (32 K slices); DeepSeek-V3 T=512 a tie. The
-// thresholds sit between those points; _s5 times every shape with 5 to place them better.
+// NOTE: 5 stages won on a long K loop over many CTAs (DeepSeek-V3 T=8) but lost on few CTAs or a
+// short K (DeepSeek-V3 T=1, Qwen3 T=8); the thresholds sit between those points, and _s5 times
+// every shape with 5 to place them better (E64, E65; why K <= 13312 matters: E63).
 // "Large grids": at least kBlk5StagesMinWaves CTAs per SM of the device (6 x 132 on the H200).
 constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinWaves = 6;
 inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5, int sm_count) {
@@ -512,10 +509,8 @@ Status run_n256(const FusedMoeParams& p, const RunContext& ctx) { return run_blk
 // The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
 // else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 256 where they take
 // the shape (the sizes of the 64 x 256 ones), else 128 x 128.
-// NOTE: 128 x 256 against 128 x 128 on the H200 (2026-12-01, docs/PERF.md, seventh section): Mixtral
-// T=1024 / 2048 / 4096 933 / 1644 / 3479 vs 969 / 1932 / 3689 us, Qwen3 T=4096 701 vs 719,
-// DeepSeek-V3 T=4096 5700 vs 5944; at 128 rows per expert the 64 x 256 tiles stay ahead (Mixtral
-// T=512: 558 vs 598 with 128 x 256, Qwen3 T=2048: 418 vs 428).
+// NOTE: 128 x 256 beats 128 x 128 above 128 rows per expert (twice the MMA work per slice for 1.5x
+// the bytes); at 128 rows the 64 x 256 tiles stay ahead (E73).
 BlkTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   const bool t64 = supports_tma64(p).ok();

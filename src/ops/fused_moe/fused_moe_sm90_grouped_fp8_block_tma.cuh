@@ -33,8 +33,7 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
   // Slice kt's scales. NOTE: loaded a slice ahead (slice kt + 2's right after slice kt's promotion,
   // kept in registers until slice kt + 2 is promoted), so two groups' time covers their latency: the
   // waits are memory barriers to the compiler, and loads placed just before them (one group's cover)
-  // left the consumers stalled on global loads (ncu, Mixtral T=4096: long scoreboard 1.2 cycles per
-  // issued instruction, tensor pipe 56% busy).
+  // left the consumers stalled on global loads (docs/experiments.md E68).
   struct Sc {
     float s0, s1, lo, hi;
   };

@@ -12,12 +12,9 @@
 //   its row once (from registers while n <= threads * 16).
 // - otherwise: 256 threads, a chunk (or a warp's group) at a time, per-row amax then codes in two
 //   passes over the row; few registers, so that many blocks share an SM and hide each other's latency.
-// NOTE: the 256-thread loop alone took 8.1 us for the two 14336-wide rows of a at Mixtral T = 1
-// (ncu, 2026-12-01, docs/PERF.md: a chain of dependent round trips). The latency shape for all row
-// counts (1024-thread bound, up to four chunks a thread held in 50-60 registers) cost 3-19% where
-// rows are many (Qwen3 fp8_channel T = 4096 698 -> 828 us, Mixtral fp8_block T = 512 / 4096 +6%):
-// fewer blocks fit an SM, and each does one short round trip. On rows that one 256-thread pass covers
-// (Qwen3 T = 1: 768- and 2048-wide rows) it ran 0.5-1.8% slower than the 256-thread shape.
+// NOTE: on a few long rows the 256-thread loop is a chain of dependent round trips; the latency
+// shape everywhere lost where rows are many (fewer blocks fit an SM, each doing one short round
+// trip) and on rows one 256-thread pass covers (docs/experiments.md E45).
 // CUDA-only header: include from the .cu files of those paths, inside namespace grouped.
 #pragma once
 

@@ -42,8 +42,8 @@ static_assert(32 * kWsConsumerWarps * kFp8RingConsumerRegs + 128 * kFp8RingProdu
 // 5 stages of 40 KiB (A 64 x 128 + four B boxes).
 // NOTE: a slice of a 128 x 128 tile is half the MMA work of a 128 x 256 one, and each consumer
 // warpgroup holds two stages (double-buffered partial sums): with the 48 KiB ring's 4 stages the
-// producer ran only 2 slices (about 1400 cycles of tensor work) ahead of the consumers, less than the
-// latency of a TMA load from L2 / DRAM under load.
+// producer ran only 2 slices ahead of the consumers, less than a TMA load's latency under load
+// (docs/experiments.md E68).
 template <int kBM>
 constexpr int kFp8RingN = kBM == 128 ? 128 : 256;  // a tile shape's default columns
 template <int kBM, int kN = kFp8RingN<kBM>>
@@ -85,13 +85,11 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
 // are folded, so the tensor cores work while this warpgroup promotes (2 x 64 accumulators; the
 // caller's own 64: the consumers' 232 registers of kFp8RingThreads, setmaxnreg).
 // NOTE: sm_90's e4m3 wgmma keeps fewer accumulator bits than f32 (the DeepSeek-V3 report; DeepGEMM
-// and CUTLASS's non-"FastAccum" fp8 kernels promote for the same reason): summed over all of K in
-// the tensor cores, the 64 x 256 per-row kernel left 14% of the outputs of H = 4096, k = 2, I = 256,
-// 3 tokens outside the kernel-vs-reference bound (cos 0.99982), 5.8% when promoted every 4 slices
-// and none when promoted every slice (FusedMoeSm90GroupedFp8Tma64.LongGateUpK, H200 2026-12-01).
+// and CUTLASS's non-"FastAccum" fp8 kernels promote for the same reason): summed over all of a long
+// K in the tensor cores, outputs fall outside the kernel-vs-reference bound; promoted every slice,
+// none do (E42; FusedMoeSm90GroupedFp8Tma64.LongGateUpK).
 // NOTE: with one buffer the warpgroup waited for every slice's group and then promoted with the
-// tensor cores idle but for the other warpgroup's group: the 128-row block kernel reached 48% of the
-// fp8 compute floor at Mixtral T=4096 (2026-12-01, docs/PERF.md) against 65% for the per-row kernel.
+// tensor cores idle but for the other warpgroup's group, well behind the per-row kernel (E67).
 template <int kBM, class Fold>
 __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring<kBM>::Smem& sm,
                                                           typename Fp8Ring<kBM>::Ring& ring, int wg, int KT, Fold fold) {
@@ -155,14 +153,10 @@ __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring
 // the second. A warpgroup's folds leave the tensor cores to the other warpgroup's group: one buffer
 // (64) and the caller's two halves of f32 sums (128) fit the consumers' 232 registers, where two
 // buffers would not.
-// NOTE: ncu (Mixtral T=4096): tensor pipe 63-72% active with shared memory (24% of bank reads), L2
-// and DRAM far from their limits: the gaps are each warpgroup's drain and fold. Measured slower on
-// the H200 (docs/PERF.md, eighth session): four m64n64k32 quarter groups into two 32-register
-// buffers, so a group runs during the previous one's fold (+9..14%); issuing the two warpgroups'
-// groups in turn through named barriers (+3..7%, or +11..17% when the turn passes after the group
-// retired); the tiles in two-CTA clusters with the B boxes multicast (-1..+3%, branch gpu-pending8);
-// A from registers (wgmma RS: four ldmatrix.x4 per slice, shared by both halves, 40 instead of 48 KiB
-// of shared-memory reads per slice and warpgroup): +0..6% (branch rsa; docs/PERF.md, fourteenth session).
+// NOTE: the tensor pipe idles in each warpgroup's drain and fold while shared memory, L2 and DRAM
+// are far from their limits (E83). Measured no faster: quarter groups into two 32-register buffers
+// (E76); the two warpgroups' groups issued in turn through named barriers (E77); two-CTA clusters
+// with the B boxes multicast (E75); A from registers, wgmma RS (E78).
 template <int kBM, int kN, class Fold>
 __device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
                                                         typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,

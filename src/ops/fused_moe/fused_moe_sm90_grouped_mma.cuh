@@ -71,8 +71,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16-byte global -> shared copy; zero-fills the destination when !valid (reads nothing then).
 // NOTE: .L2::256B lets the L2 fetch the 256-byte sector pair around each copy: the next stage's 128
 // bytes of the same weight row (a K slice is 128 bytes of a row) come from L2, not a second DRAM
-// burst. Measured on the H200 (2026-12-01, BM 64 fp8 kernels, DeepSeek-V3): block T=64 2498 ->
-// 2429 us, T=8 753 -> 739; per-row T=64 2398 -> 2330.
+// burst (docs/experiments.md E30).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
@@ -251,8 +250,8 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
 // Hook: NoSliceHook, or a type with kActive = true and slice<MA>(kt, acc), called after the last
 // MMA of K slice kt.
 // NOTE: two N tiles per CTA in one pipeline (the second one's first stages loading while the
-// first one's epilogue runs) measured 0.5-1% slower than one (H200, 2026-12-01, the block-scaled
-// BM 64 gemms, docs/PERF.md) and was removed.
+// first one's epilogue runs) measured slower than one: the overlap does not pay for halving the
+// CTAs (E66).
 template <class TT, int BM, int kSplit, int MA = 4, class Hook = NoSliceHook>
 __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& src, int K, int nbase0,
                                          Acc<Tile<BM>::kNT>& acc, Hook& hook) {

@@ -8,9 +8,8 @@
 // K step, B the same along K, C the same (g = lane / 4, t = lane % 4), so only the instruction
 // differs.
 // NOTE: on sm_90 mma.sync on e4m3 is no native instruction: ptxas (CUDA 13.0) emits two HMMA
-// m16n8k16 per MMA and decodes both operands with F2FP every time (SASS of these kernels); at
-// DeepSeek-V3 T=512 fp8_block the BM 64 gemms keep the ALU pipe 37-40% busy with it (ncu,
-// docs/PERF.md, 2026-12-01 fourth section). Native fp8 on Hopper is wgmma (QGMMA).
+// m16n8k16 per MMA and decodes both operands with F2FP every time, which keeps the ALU pipe busy
+// (docs/experiments.md E79). Native fp8 on Hopper is wgmma (QGMMA).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -55,11 +55,9 @@ constexpr uint32_t kWsStageBytes = kWsABytes + 2 * kWsBHalfBytes;  // 48 KiB
 constexpr int kWsSmemBytes = int(kSw128AtomBytes + kWsStages * kWsStageBytes + 2 * kWsStages * 8);
 static_assert(kWsSmemBytes <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 // M tiles per raster group (ws_tile); a work list of at most kWsOneGroupM M tiles is one group.
-// NOTE: groups of 16 for every list measured 2% faster at Mixtral T=512 (12 M tiles) and 1-4% slower
-// at T=4096 (Mixtral, Qwen3: 64 M tiles) than 8 on the H200. One group up to 16 M tiles (H200,
-// 2026-12-02, docs/PERF.md eleventh session, median of 3 rounds against groups of 8): Mixtral
-// fp8_tensor / fp8_channel T=512 0.958 / 0.958, bf16 T=512 0.972, fp8_tensor T=256 1.000 (8 M
-// tiles either way); up to 32 was no better at T=512 and within the noise of that run at T=1024-4096.
+// NOTE: groups of 16 for every list helped short lists but slowed long ones (docs/experiments.md
+// E20); one group for a short list keeps an expert's M tiles in one group (E26); up to 32 gained
+// nothing (E27).
 constexpr int kWsGroupM = 8;
 constexpr int kWsOneGroupM = 16;
 
@@ -91,9 +89,8 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // Box (c0 = first column, c1 = first row) of `map` -> shared `dst`, completing on `bar`.
-// NOTE: the weight (B) boxes with an L2 evict_first policy (.L2::cache_hint, createpolicy; branch
-// gpu-pending13) measured slower on the H200 nearly everywhere (docs/PERF.md, tenth session: Mixtral
-// fp8_tensor T=8 / 512 / 4096 +4.1 / +5.6 / +6.0%, bf16 T=4096 +7.6%; only Qwen3 T=1 -6%).
+// NOTE: the weight (B) boxes with an L2 evict_first policy (.L2::cache_hint, createpolicy) measured
+// slower nearly everywhere (E29).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
@@ -257,14 +254,11 @@ __device__ __forceinline__ void ws_consume_ring(const Sm& sm, WsRingT<kStages>& 
 // halves of acc, not one m64n256k32: a wgmma's registers must fit the kernel's launch budget (65536 /
 // threads: 128 at 512 threads), which setmaxnreg does not raise, and m64n256k32 needs 154.
 // NOTE: a warpgroup whose 64 rows are all padding still multiplies them: letting it skip its wgmma
-// measured slower on the H200 (Mixtral T=4096 5280-5302 vs 5030-5034 us, Qwen3 T=4096 871-872 vs
-// 826-827 us, interleaved runs of the two builds, docs/PERF.md). So did splitting the K slices of a
-// tile with <= 64 rows between the two warpgroups (rows 0..63 each, sums added through shared
-// memory): Mixtral T=512 980-993 vs 962 us, T=4096 5401-5427 vs 5197-5198 (2026-11-29): such a
-// tile reads the same 48 KiB per slice for half the MMAs, and L2 -> SM traffic already limits.
+// measured slower (E19). So did splitting the K slices of a tile with <= 64 rows between the two
+// warpgroups (rows 0..63 each, sums added through shared memory): such a tile reads the same 48 KiB
+// per slice for half the MMAs, and L2 -> SM traffic already limits (E22).
 // The fp8 128 x 256 gemms now run such tiles with both warpgroups on the 64 rows, each on half of B
-// (ws_consume_tail), on a dynamic schedule: against static full tiles, Mixtral fp8_tensor T=512 /
-// 4096 0.998 / 0.975, Qwen3 T=4096 0.988, DeepSeek-V3 T=4096 0.920 (2026-12-02, docs/PERF.md).
+// (ws_consume_tail), on a dynamic schedule (E50).
 template <class TT, bool kPairs = false, class Sm, int kStages>
 __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& ring, int wg, int KT, AccW& acc) {
   static_assert(!kPairs || std::is_same_v<TT, __nv_fp8_e4m3>, "n128 pairs: fp8 only");

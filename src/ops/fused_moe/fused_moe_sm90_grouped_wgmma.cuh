@@ -13,8 +13,9 @@
 // wgmma, commit; refill, while they run, the slot of slice kt - 1 - F with slice kt + D
 // (D = kStages - 1 - F); wait until at most F = kWgmmaInFlight wgmma groups are pending. The slot
 // is free because every warpgroup waited for its wgmma of kt - 1 - F before the barrier.
-// NOTE: F = 1 (default) keeps the tensor pipe fed across the barrier (no drain per slice) at the
-// price of a prefetch distance of 2 slices instead of 3; F = 0 is the other trade.
+// NOTE: F = 1 keeps the tensor pipe fed across the barrier (no drain per slice) at the price of a
+// prefetch distance of 2 slices instead of 3; F = 0 (the default) is the other trade and measured
+// faster (docs/experiments.md E17).
 // Accumulators (PTX ISA, wgmma .m64nNk16 D fragment): warp w of the CTA (w = 4 g + warp in group)
 // owns rows 16 w .. 16 w + 15; d[j][q] of lane l is row 16 w + (l >> 2) + 8 (q >> 1), column
 // 8 j + 2 (l & 3) + (q & 1), j < 32. That is the m16n8 layout of mma.sync with one m16 tile per
@@ -39,9 +40,8 @@ namespace moekit::cuda::grouped {
 constexpr int kWgN = 256;                 // columns per wgmma (m64n256k16)
 constexpr int kWgNT = kWgN / 8;           // n8 column blocks per thread: 32
 // wgmma groups (one per K slice) left pending at the end of each slice: 0 or 1 (see the top).
-// NOTE: 0 (drain each slice, load 3 slices ahead) measured faster on the H200 than 1 (one group in
-// flight, 2 slices ahead), interleaved runs of the same build otherwise: Mixtral T=512 1071 vs
-// 1119 us, Qwen3 T=4096 969 vs 1013 us, Mixtral T=4096 equal (docs/PERF.md).
+// NOTE: 0 (drain each slice, load 3 slices ahead) measured faster than 1 (one group in flight, 2
+// slices ahead) at Mixtral T=512 and Qwen3 T=4096, equal at Mixtral T=4096 (E17).
 #ifndef MOEKIT_GROUPED_WGMMA_IN_FLIGHT
 #define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 0
 #endif

@@ -12,10 +12,9 @@
 // per group (same products, the sum split finer).
 // The quantized rows are staged in shared memory as f16 (every e4m3fn value is exact in f16), each
 // dot accumulates exact fp8 x fp8 products in f32.
-// NOTE: these dots are ALU-bound at T=1 (ncu, Mixtral fp8_tensor: gate_up at 39% of DRAM with the
-// ALU pipe 65% busy decoding e4m3 -> f16 -> f32). Tensor-core dots measured slower (2026-12-01,
-// docs/PERF.md): weight codes decoded to f16x2 and multiplied by mma.sync m16n8k16 with each lane's
-// chunk on the MMA's diagonal took Mixtral T=1 from 160 to 191 us. Included by fused_moe_sm90_small_m.cu inside its
+// NOTE: these dots are ALU-bound at T=1, decoding e4m3 -> f16 -> f32 (docs/experiments.md E79).
+// Tensor-core dots (codes decoded to f16x2, mma.sync m16n8k16 with each lane's chunk on the MMA's
+// diagonal) measured slower everywhere (E61). Included by fused_moe_sm90_small_m.cu inside its
 // anonymous namespace (uses its Args, tables, helpers and constants).
 // Tests: tests/test_fused_moe_sm90_small_m_fp8.cpp (FusedMoeSm90SmallMFp8*), against the reference.
 #pragma once

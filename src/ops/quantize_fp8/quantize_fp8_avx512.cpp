@@ -67,7 +67,8 @@ MOEKIT_CPU_AVX512 float amax_span(const void* in, int64_t i, int64_t n) {
 // out[i, i + n) = fp8(in / s), in of dtype D, out e4m3fnuz when kFnuz else e4m3fn.
 // NOTE: 64 elements per step go out as ONE 64-byte store: the four 16-lane code vectors are packed
 // to bytes (packus 32 -> 16 -> 8 bits, exact for codes 0..255) and a dword permutation undoes the
-// packs' per-128-bit-lane interleave. A masked vpmovdb store per 16 lanes was the loop's bottleneck.
+// packs' per-128-bit-lane interleave. A masked vpmovdb store per 16 lanes was the loop's bottleneck
+// (docs/experiments.md E100).
 template <DType D, bool kFnuz>
 MOEKIT_CPU_AVX512 void quantize_span(const void* in, uint8_t* out, int64_t i, int64_t n, float s) {
   const __m512 vs = _mm512_set1_ps(s);

@@ -32,8 +32,8 @@ void register_sort_tokens_avx512(Registry& r);
 namespace {
 
 // Entries (T * k) from which the passes run on the thread pool. NOTE: each pass is a few ns per
-// entry and the two pool wake-ups cost tens of us on the 2-core development machine: measured
-// there, 2 threads lost at 4096 x 8 and 16384 x 8 entries and won 2x at 65536 x 8.
+// entry and the two pool wake-ups cost tens of us on the 2-core development machine, so threads
+// pay only on large inputs (docs/experiments.md E97).
 constexpr int64_t kParallelEntries = int64_t(1) << 18;
 
 Status supports(const SortTokensParams& p) {
