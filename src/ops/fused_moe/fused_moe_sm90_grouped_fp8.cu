@@ -32,6 +32,7 @@
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
+#include "ops/fused_moe/fused_moe_sm90_tiles.h"
 
 namespace moekit::cuda {
 namespace grouped {
@@ -727,16 +728,11 @@ Status run_m192(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(
 Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, 128); }
 
 namespace {
-// The auto path's tiles: 64 x 256 TMA tiles where they take the shape (up to kGroupedFp8Tma64MaxRows
-// rows per expert), else 64-row mma.sync tiles up to kGroupedFp8Bm64MaxRows, else 192 x 256 where
-// they pad fewer rows (fused_moe_sm90_grouped_fp8_m192), else 128 x 256.
-enum class RowTiles { tma128, mma64, tma64, m192 };
+// The auto path's tiles (fp8_row_tiles, fused_moe_sm90_tiles.h).
+using RowTiles = Fp8RowTiles;
 RowTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  const bool t64 = supports_tma64(p).ok();
-  if (t64 && fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E, true) == 64) return RowTiles::tma64;
-  if (fused_moe_sm90_grouped_fp8_tile_m(d.T * d.k, d.E) == 64) return RowTiles::mma64;
-  return fused_moe_sm90_grouped_fp8_m192(d.T * d.k, d.E) ? RowTiles::m192 : RowTiles::tma128;
+  return fp8_row_tiles(d.T * d.k, d.E, supports_tma64(p).ok());
 }
 int tiled_bm(RowTiles t) {
   return t == RowTiles::tma128 ? 128 : t == RowTiles::m192 ? kM192 : int(grouped::kMmaBM);

@@ -64,6 +64,7 @@
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_small_m.h"
+#include "ops/fused_moe/fused_moe_sm90_tiles.h"
 
 namespace moekit::cuda {
 namespace grouped {
@@ -74,7 +75,7 @@ constexpr int kBlk = 128;                                  // scale block (N and
 // ---------------------------------------------------------------- tiles and workspace layout
 // The gemms' tiles: 128 x 128 TMA + QGMMA, 64-row mma.sync, 64 x 256 TMA + QGMMA, or 128 x 256 TMA +
 // QGMMA; the routing cuts M tiles of blk_tile_rows rows for them.
-enum class BlkTiles { tma128, mma64, tma64, tma128n256 };
+using BlkTiles = Fp8BlockTiles;  // fused_moe_sm90_tiles.h
 constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == BlkTiles::tma128n256 ? 128 : kMmaBM; }
 // Whether gemm1 quantizes a itself (blk_quant_a_epilogue, _64): the 256-column TMA tiles, whose N
 // tiles hold whole 128-groups of a; their workspace has no f32 a.
@@ -474,7 +475,8 @@ Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) { return run_
 // stages (K = H for gemm1, I for gemm2).
 bool bm64_fits(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  return grouped::blk_mma_fits(std::max(d.H, d.I) / grouped::kBlk);
+  static_assert(grouped::kStages == 4 && grouped::kBlk == 128, "fp8_block_mma64_fits assumes both");
+  return fp8_block_mma64_fits(d.H, d.I);
 }
 Status supports_bm64(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
@@ -513,12 +515,8 @@ Status run_n256(const FusedMoeParams& p, const RunContext& ctx) { return run_blk
 // the bytes); at 128 rows the 64 x 256 tiles stay ahead (E73).
 BlkTiles tiled(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
-  const bool t64 = supports_tma64(p).ok();
-  if (fused_moe_sm90_grouped_fp8_block_tile_m(d.T * d.k, d.E, t64) == 64) {
-    if (t64) return BlkTiles::tma64;
-    if (bm64_fits(p)) return BlkTiles::mma64;
-  }
-  return supports_n256(p).ok() ? BlkTiles::tma128n256 : BlkTiles::tma128;
+  // supports_n256 is supports_tma64: one admission for both 256-column tiles.
+  return fp8_block_tiles(d.T * d.k, d.E, supports_tma64(p).ok(), bm64_fits(p));
 }
 
 }  // namespace
