@@ -1,7 +1,7 @@
 // The CUDA fused_moe choices as host functions, pinned over a grid of problems by a golden table
 // (tests/data/fused_moe_sm90_choices.csv), on the H200's facts: the bf16 and fp8 strategies; the bf16
 // M tile, gemm2 K ranges and schedules; the fp8 per-row and block tiles of the grouped path and the
-// tma64 gemm2 K ranges. Not yet in it: the block 5-stage rule and small_m's limits (in the .cu files).
+// tma64 gemm2 K ranges; the block mma tiles' stages per gemm. Not in it: small_m's limits (the .cu).
 // The redesign of issue 31 (docs/design/fused_moe_sm90.md, M3) must reproduce every row.
 // MOEKIT_WRITE_GOLDEN=1 rewrites the table from the current rules (review the diff: a changed row is
 // a changed kernel choice, to be measured).
@@ -29,7 +29,7 @@ std::vector<std::string> current_choices() {
   const DeviceFacts& dev = kH200Facts;
   std::vector<std::string> rows = {
       "E,k,T,H,I,g1u1,bf16_strategy,bf16_tile_m,bf16_gemm2_splits,bf16_dynamic_gemm1,bf16_dynamic_gemm2,fp8_strategy,"
-      "fp8_row_tiles,fp8_block_tiles,tma64_gemm2_splits"};
+      "fp8_row_tiles,fp8_block_tiles,tma64_gemm2_splits,block_mma_stages1,block_mma_stages2"};
   const int64_t ek[][2] = {{8, 2}, {16, 1}, {64, 6}, {128, 8}, {256, 8}};
   const int64_t tokens[] = {1,   2,   3,   4,   6,   7,   8,   12,   16,   24,   32,   48,   64,   96,   128,
                             192, 193, 256, 384, 512, 513, 640, 768, 1024, 1536, 2048, 3072, 4096, 5120, 8192};
@@ -42,6 +42,7 @@ std::vector<std::string> current_choices() {
           const int64_t E = e[0], k = e[1], H = s[0], I = s[1], tk = T * k;
           const bool tma256 = fp8_tma256_takes(H, I, g1u1);
           const bool mma64_fits = fp8_block_mma64_fits(H, I);
+          const int64_t mma_tiles = cuda::fused_moe_sm90_grouped_tiles_max(tk, E, 64);  // the block mma grid
           // bf16 (E = Eg here): the M tile, and gemm2's K ranges on the TMA path (128 x 256 tiles,
           // K slices of 64), as fused_moe_sm90_grouped.cu's layout_of computes them.
           const int bm = cuda::fused_moe_sm90_grouped_tile_m(tk, E);
@@ -58,7 +59,10 @@ std::vector<std::string> current_choices() {
              << strategy(choose_moe_strategy_fp8_tma64(T, k, E, H, dev).strategy) << ','
              << fp8_row_tiles_name(fp8_row_tiles(tk, E, tma256)) << ','
              << fp8_block_tiles_name(fp8_block_tiles(tk, E, tma256, mma64_fits)) << ','
-             << (tma256 ? fused_moe_sm90_tma64_gemm2_splits(tk, E, H / 256, I / 128, dev.sm_count) : 1);
+             << (tma256 ? fused_moe_sm90_tma64_gemm2_splits(tk, E, H / 256, I / 128, dev.sm_count) : 1) << ','
+             << fp8_block_mma_stages(H, mma_tiles * ((I + (g1u1 ? 127 : 255)) / (g1u1 ? 128 : 256)), false,
+                                     dev.sm_count)
+             << ',' << fp8_block_mma_stages(I, mma_tiles * ((H + 255) / 256), false, dev.sm_count);
           rows.push_back(os.str());
         }
       }

@@ -380,20 +380,7 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                     static_cast<const uint8_t*>(p.w2.data), more2 + blk_mma_scale_bytes(d.I / kBlk));
 }
 
-// The pipeline depth of a one-N-tile BM 64 gemm over K on `ctas` CTAs: 5 stages (200 KiB) for long
-// K loops on large grids where the scales of K still fit beside them (K <= 13312), else 4.
-// force5 (fused_moe_sm90_grouped_fp8_block_bm64_s5): 5 wherever they fit.
-// NOTE: 5 stages won on a long K loop over many CTAs (DeepSeek-V3 T=8) but lost on few CTAs or a
-// short K (DeepSeek-V3 T=1, Qwen3 T=8); the thresholds sit between those points, and _s5 times
-// every shape with 5 to place them better (E64, E65; why K <= 13312 matters: E63).
-// "Large grids": at least kBlk5StagesMinWaves CTAs per SM of the device (6 x 132 on the H200).
-constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinWaves = 6;
-inline int blk_mma_stages(int64_t K, int64_t ctas, bool force5, int sm_count) {
-  if (!blk_mma_fits(K / kBlk, 5)) return 4;
-  return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinWaves * sm_count) ? 5 : 4;
-}
-
-// force5: the mma64 gemms with 5 stages wherever they fit (blk_mma_stages).
+// force5: the mma64 gemms with 5 stages wherever they fit (fp8_block_mma_stages).
 template <class TT>
 Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
   const MoeDims d = moe_dims(p);
@@ -425,8 +412,8 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
     if (tiles == BlkTiles::tma64) return run_blk_tma<BlkTiles::tma64>(p, l, g1, g2, base, s);
     const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
     const int sms = current_device_facts_or_zero().sm_count;
-    const bool five1 = blk_mma_stages(d.H, l.tiles_max * n_tiles1, force5, sms) == 5;
-    const bool five2 = blk_mma_stages(d.I, l.tiles_max * n_tiles2, force5, sms) == 5;
+    const bool five1 = fp8_block_mma_stages(d.H, l.tiles_max * n_tiles1, force5, sms) == 5;
+    const bool five2 = fp8_block_mma_stages(d.I, l.tiles_max * n_tiles2, force5, sms) == 5;
     if (five1) return five2 ? run_blk_mma<5, 5>(p, l, g1, g2, base, s) : run_blk_mma<5, 4>(p, l, g1, g2, base, s);
     return five2 ? run_blk_mma<4, 5>(p, l, g1, g2, base, s) : run_blk_mma<4, 4>(p, l, g1, g2, base, s);
   };
@@ -565,7 +552,7 @@ void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
          65, erase_supports<FusedMoeParams, supports_n256>,
          erase_workspace<FusedMoeParams, workspace_n256>, erase_run<FusedMoeParams, run_n256>});
   // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
-  // against ..._bm64 (whose stage rule, blk_mma_stages, it measures).
+  // against ..._bm64 (whose stage rule, fp8_block_mma_stages, it measures).
   r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
          "as fused_moe_sm90_grouped_fp8_block_bm64, 5-stage cp.async pipelines wherever the scales of K leave "
          "room (K <= 13312)",

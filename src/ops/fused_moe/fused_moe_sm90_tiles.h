@@ -29,6 +29,17 @@ constexpr bool fp8_block_mma64_fits(int64_t H, int64_t I) {
   return (H > I ? H : I) / 128 * 128 <= cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k();
 }
 
+// The pipeline depth of a block mma gemm over K (H for gemm1, I for gemm2) on `ctas` CTAs: 5 stages
+// for long K loops on large grids (at least 6 CTAs per SM) where the K / 128 scales still fit
+// beside them (K <= 13312), else 4; force5 (the _bm64_s5 row): 5 wherever they fit. 5 won on a
+// long K over many CTAs and lost on few CTAs or a short K; the thresholds sit between those points
+// (docs/experiments.md E64, E65; the fit: E63).
+constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinWaves = 6;
+constexpr int fp8_block_mma_stages(int64_t K, int64_t ctas, bool force5, int sm_count) {
+  if (K / 128 * 128 > cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k(5)) return 4;
+  return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinWaves * sm_count) ? 5 : 4;
+}
+
 // tk routed entries over E local experts; tma256: the 256-column tiles take the shape (and the
 // operands). 64 x 256 up to kGroupedFp8Tma64MaxRows rows per touched expert, else 64-row mma.sync
 // tiles up to kGroupedFp8Bm64MaxRows, else 192 x 256 where they pad fewer rows, else 128 x 256.

@@ -1,0 +1,247 @@
+// Sm90Config names, the legal configs of a problem and the rules that pick one (fused_moe_sm90_config.h).
+// Each rule cites the decision point of docs/design/fused_moe_sm90.md (2.1) it reproduces.
+#include "ops/fused_moe/fused_moe_sm90_config.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace moekit {
+
+namespace {
+
+const char* mainloop_name(Sm90Mainloop m) {
+  switch (m) {
+    case Sm90Mainloop::mma: return "mma";
+    case Sm90Mainloop::ws: return "ws";
+    case Sm90Mainloop::ring: return "ring";
+    case Sm90Mainloop::none: break;
+  }
+  return "";
+}
+
+// A grouped config of a tile family with the family's fixed fields (design 3.3); stages, schedules
+// and K ranges are filled by the rules.
+Sm90Config grouped(Sm90Recipe r, int m, int n, Sm90Mainloop loop) {
+  Sm90Config c;
+  c.recipe = r;
+  c.strategy = Sm90Strategy::grouped;
+  c.tile_m = m;
+  c.tile_n = n;
+  c.mainloop = loop;
+  c.consumer_wgs = loop == Sm90Mainloop::mma ? 0 : (m == 192 ? 3 : 2);
+  const Sm90Schedule s = loop == Sm90Mainloop::mma    ? Sm90Schedule::grid
+                         : loop == Sm90Mainloop::ring ? Sm90Schedule::static_order
+                                                      : Sm90Schedule::dynamic;  // fp8 ws (D13)
+  c.sched[0] = c.sched[1] = s;
+  return c;
+}
+
+Sm90Config small_m(Sm90Recipe r) {
+  Sm90Config c;
+  c.recipe = r;
+  return c;
+}
+
+// The tile's pipeline depth; the block mma tiles' per gemm by D11.
+void set_stages(const Sm90Problem& p, const DeviceFacts& dev, Sm90Config* c) {
+  if (c->strategy == Sm90Strategy::small_m) return;
+  int s = 4;
+  if (c->mainloop == Sm90Mainloop::ring) s = c->tile_m == 64 ? 5 : (c->tile_n == 128 ? 7 : 4);
+  if (c->mainloop == Sm90Mainloop::ws && c->tile_m == 192) s = 3;
+  c->stages[0] = c->stages[1] = s;
+  if (c->recipe == Sm90Recipe::fp8_block && c->mainloop == Sm90Mainloop::mma) {
+    const int64_t tiles = cuda::fused_moe_sm90_grouped_tiles_max(p.tk(), p.E, 64);
+    const int64_t n1 = (p.I + (p.g1u1 ? 127 : 255)) / (p.g1u1 ? 128 : 256), n2 = (p.H + 255) / 256;
+    c->stages[0] = fp8_block_mma_stages(p.H, tiles * n1, false, dev.sm_count);
+    c->stages[1] = fp8_block_mma_stages(p.I, tiles * n2, false, dev.sm_count);
+  }
+}
+
+// Schedules (D12, D13) and gemm2's K ranges (D14, D15).
+void set_schedule_and_splits(const Sm90Problem& p, const DeviceFacts& dev, Sm90Config* c) {
+  if (c->strategy == Sm90Strategy::small_m) return;
+  if (c->recipe == Sm90Recipe::bf16 && c->mainloop == Sm90Mainloop::ws) {
+    c->sched[0] = fused_moe_sm90_grouped_ws_dynamic(p.g1u1 ? 2 * p.I : p.I) ? Sm90Schedule::dynamic
+                                                                            : Sm90Schedule::static_order;
+    c->sched[1] = fused_moe_sm90_grouped_ws_dynamic(p.H) ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+  }
+  c->gemm2_splits = 1;
+  if (c->mainloop == Sm90Mainloop::ws) {  // D14: K slices of 64 (bf16) or 128 codes (fp8)
+    const int64_t slices = p.I / (c->recipe == Sm90Recipe::bf16 ? 64 : 128);
+    c->gemm2_splits = cuda::fused_moe_sm90_grouped_gemm2_splits(
+        cuda::fused_moe_sm90_grouped_tiles_max(p.tk(), p.E, c->tile_m), (p.H + 255) / 256, slices, dev.sm_count);
+  } else if (c->mainloop == Sm90Mainloop::ring && c->tile_m == 64) {  // D15
+    c->gemm2_splits = fused_moe_sm90_tma64_gemm2_splits(p.tk(), p.E, p.H / 256, p.I / 128, dev.sm_count);
+  }
+}
+
+void resolve(const Sm90Problem& p, const DeviceFacts& dev, Sm90Config* c) {
+  set_stages(p, dev, c);
+  set_schedule_and_splits(p, dev, c);
+}
+
+// The grouped tile families compiled for a recipe that take p's shape (design 2.2, 3.3).
+std::vector<Sm90Config> grouped_families(const Sm90Problem& p) {
+  std::vector<Sm90Config> out;
+  const bool tma256 = fp8_tma256_takes(p.H, p.I, p.g1u1);
+  switch (p.recipe) {
+    case Sm90Recipe::bf16:
+      if (p.H % 64 == 0 && p.I % 64 == 0) {
+        out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::mma));
+        out.push_back(grouped(p.recipe, 128, 256, Sm90Mainloop::ws));
+      }
+      break;
+    case Sm90Recipe::fp8_row:
+      if (p.H % 128 == 0 && p.I % 128 == 0) {
+        if (tma256) out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::ring));
+        out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::mma));
+        out.push_back(grouped(p.recipe, 128, 256, Sm90Mainloop::ws));
+        out.push_back(grouped(p.recipe, 192, 256, Sm90Mainloop::ws));
+      }
+      break;
+    case Sm90Recipe::fp8_block:
+      if (p.H % 128 == 0 && p.I % 128 == 0) {
+        if (tma256) out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::ring));
+        if (fp8_block_mma64_fits(p.H, p.I)) out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::mma));
+        if (tma256) out.push_back(grouped(p.recipe, 128, 256, Sm90Mainloop::ring));
+        out.push_back(grouped(p.recipe, 128, 128, Sm90Mainloop::ring));
+      }
+      break;
+  }
+  return out;
+}
+
+// The grouped tile the rules pick (D5-D9); assumes the shape's families (grouped_families).
+Sm90Config pick_grouped(const Sm90Problem& p) {
+  const bool tma256 = fp8_tma256_takes(p.H, p.I, p.g1u1);
+  switch (p.recipe) {
+    case Sm90Recipe::bf16: {  // D5: by tk against the GLOBAL experts
+      const int bm = cuda::fused_moe_sm90_grouped_tile_m(p.tk(), p.Eg);
+      return grouped(p.recipe, bm, 256, cuda::fused_moe_sm90_grouped_uses_tma(bm) ? Sm90Mainloop::ws
+                                                                                  : Sm90Mainloop::mma);
+    }
+    case Sm90Recipe::fp8_row:  // D6-D8
+      switch (fp8_row_tiles(p.tk(), p.E, tma256)) {
+        case Fp8RowTiles::tma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::ring);
+        case Fp8RowTiles::mma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::mma);
+        case Fp8RowTiles::m192: return grouped(p.recipe, 192, 256, Sm90Mainloop::ws);
+        case Fp8RowTiles::tma128: break;
+      }
+      return grouped(p.recipe, 128, 256, Sm90Mainloop::ws);
+    case Sm90Recipe::fp8_block:  // D9, D10
+      switch (fp8_block_tiles(p.tk(), p.E, tma256, fp8_block_mma64_fits(p.H, p.I))) {
+        case Fp8BlockTiles::tma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::ring);
+        case Fp8BlockTiles::mma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::mma);
+        case Fp8BlockTiles::tma128n256: return grouped(p.recipe, 128, 256, Sm90Mainloop::ring);
+        case Fp8BlockTiles::tma128: break;
+      }
+      return grouped(p.recipe, 128, 128, Sm90Mainloop::ring);
+  }
+  return grouped(p.recipe, 128, 256, Sm90Mainloop::ws);
+}
+
+bool parse_int(const std::string& s, int* out) {
+  if (s.empty() || s.size() > 6) return false;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') return false;
+  }
+  *out = std::atoi(s.c_str());
+  return true;
+}
+
+}  // namespace
+
+std::string sm90_config_name(const Sm90Config& c) {
+  if (c.strategy == Sm90Strategy::small_m) return "small_m";
+  std::string s = "grouped/" + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "." +
+                  mainloop_name(c.mainloop) + std::to_string(c.stages[0]);
+  if (c.stages[1] != c.stages[0]) s += "." + std::to_string(c.stages[1]);
+  if (c.mainloop == Sm90Mainloop::ws && c.recipe == Sm90Recipe::bf16) {
+    const bool d1 = c.sched[0] == Sm90Schedule::dynamic, d2 = c.sched[1] == Sm90Schedule::dynamic;
+    s += d1 && d2 ? "+dynamic" : d1 ? "+dynamic1" : d2 ? "+dynamic2" : "+static";
+  }
+  if (c.gemm2_splits != 1) s += "+k" + std::to_string(c.gemm2_splits);
+  return s;
+}
+
+bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* out, std::string* why) {
+  auto fail = [&](const std::string& msg) {
+    if (why) *why = "config '" + name + "': " + msg;
+    return false;
+  };
+  if (name == "small_m") {
+    *out = small_m(recipe);
+    return true;
+  }
+  const std::string prefix = "grouped/";
+  if (name.compare(0, prefix.size(), prefix) != 0) return fail("must be small_m or grouped/MxN.loopS[+options]");
+  std::string rest = name.substr(prefix.size());
+  std::vector<std::string> options;
+  for (size_t plus = rest.find('+'); plus != std::string::npos; plus = rest.find('+')) {
+    const size_t next = rest.find('+', plus + 1);
+    options.push_back(rest.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1));
+    rest = rest.substr(0, plus) + (next == std::string::npos ? "" : rest.substr(next));
+  }
+  const size_t x = rest.find('x'), dot = rest.find('.');
+  if (x == std::string::npos || dot == std::string::npos || dot < x) return fail("the tile must read MxN.loop");
+  int m = 0, n = 0;
+  if (!parse_int(rest.substr(0, x), &m) || !parse_int(rest.substr(x + 1, dot - x - 1), &n)) {
+    return fail("tile sizes must be numbers");
+  }
+  std::string loop = rest.substr(dot + 1);
+  const size_t digit = loop.find_first_of("0123456789");
+  const std::string loop_name = loop.substr(0, digit);
+  Sm90Mainloop ml;
+  if (loop_name == "mma") {
+    ml = Sm90Mainloop::mma;
+  } else if (loop_name == "ws") {
+    ml = Sm90Mainloop::ws;
+  } else if (loop_name == "ring") {
+    ml = Sm90Mainloop::ring;
+  } else {
+    return fail("mainloop must be mma, ws or ring, got '" + loop_name + "'");
+  }
+  Sm90Config c = grouped(recipe, m, n, ml);
+  if (digit != std::string::npos) {
+    const std::string st = loop.substr(digit);
+    const size_t dot2 = st.find('.');
+    if (!parse_int(st.substr(0, dot2), &c.stages[0])) return fail("bad stage count");
+    c.stages[1] = c.stages[0];
+    if (dot2 != std::string::npos && !parse_int(st.substr(dot2 + 1), &c.stages[1])) return fail("bad stage count");
+  }
+  for (const std::string& o : options) {
+    if (o == "dynamic" || o == "static" || o == "dynamic1" || o == "dynamic2") {
+      if (ml != Sm90Mainloop::ws || recipe != Sm90Recipe::bf16) return fail("+" + o + ": only bf16 ws tiles choose");
+      c.sched[0] = o == "dynamic" || o == "dynamic1" ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+      c.sched[1] = o == "dynamic" || o == "dynamic2" ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+    } else if (o.size() > 1 && o[0] == 'k' && parse_int(o.substr(1), &c.gemm2_splits) && c.gemm2_splits >= 1) {
+      continue;
+    } else {
+      return fail("unknown option '+" + o + "'");
+    }
+  }
+  *out = c;
+  return true;
+}
+
+std::vector<Sm90Config> legal_sm90_configs(const Sm90Problem& p, const DeviceFacts& dev) {
+  std::vector<Sm90Config> out = {small_m(p.recipe)};
+  for (Sm90Config c : grouped_families(p)) {
+    resolve(p, dev, &c);
+    out.push_back(c);
+  }
+  return out;
+}
+
+Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev) {
+  // S1: the preferred strategy (D1; D3 then D2 for the fp8 recipes).
+  const MoeStrategy s = p.recipe == Sm90Recipe::bf16 ? choose_moe_strategy(p.T, p.k, p.E).strategy
+                                                     : choose_moe_strategy_fp8_tma64(p.T, p.k, p.E, p.H, dev).strategy;
+  if (s == MoeStrategy::small_m) return small_m(p.recipe);
+  // S4-S9: the grouped tile, then its stages, schedules and K ranges.
+  Sm90Config c = pick_grouped(p);
+  resolve(p, dev, &c);
+  return c;
+}
+
+}  // namespace moekit
