@@ -22,7 +22,7 @@ enum class Layout : uint8_t {  // kNumLayouts below counts them
   row_major,       // plain [.., N, K]
   shuffled_16x16,  // AITER shuffle_weight layout (16, 16) of SPEC 4
   cpu_vnni2_n32,   // CPU VNNI-2 panels: [N/32][K/2][32][2] per matrix (pack_weight, moekit/ops/layout.h);
-                   //   16-bit elements, N % 32 == 0, K % 2 == 0
+                   //   bf16 / f16 / fp8 elements, N % 32 == 0, K % 2 == 0
 };
 constexpr int kNumLayouts = 3;
 const char* layout_name(Layout l);

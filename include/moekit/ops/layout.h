@@ -61,8 +61,8 @@ Status validate_shuffle_weight(const ShuffleWeightParams& p, bool inverse);
 //     so one 64-byte vector holds 16 rows x one K-pair (the operand of vdpbf16ps), and a panel is
 //     read front to back as K advances.
 // Contract (validated before anything is written; messages name the argument and the value):
-//   - in / out: 2-4 dims [..., N, K], contiguous, the same shape and dtype, same device; dtype of
-//     2 bytes (bf16, f16), moved as raw bits.
+//   - in / out: 2-4 dims [..., N, K], contiguous, the same shape and dtype, same device; dtype
+//     bf16, f16 (K-pairs of 4 bytes) or fp8 e4m3fn / e4m3fnuz (2 bytes), moved as raw bits.
 //   - cpu_vnni2_n32: N % 32 == 0 and K % 2 == 0.
 //   - pack_weight: in.layout == row_major, out.layout a packed layout (cpu_vnni2_n32);
 //     unpack_weight: in.layout packed, out.layout == row_major.
