@@ -524,11 +524,10 @@ TEST(FusedMoeSm90Grouped, Gemm2SplitsByWorkListLength) {
   EXPECT_EQ(cuda::fused_moe_sm90_grouped_gemm2_splits(16, 16, 7, kH200Facts.sm_count), 1);
 }
 
-TEST(FusedMoeSm90Grouped, WgmmaSelectionRule) {
-  // Pure host rule: wgmma for the 128-row M tiles (unless built with MOEKIT_GROUPED_WGMMA=0),
-  // mma.sync for the 64-row ones.
-  EXPECT_EQ(cuda::fused_moe_sm90_grouped_uses_wgmma(128), MOEKIT_GROUPED_WGMMA != 0);
-  EXPECT_FALSE(cuda::fused_moe_sm90_grouped_uses_wgmma(64));
+TEST(FusedMoeSm90Grouped, MainloopSelectionRule) {
+  // Pure host rule: the TMA + wgmma kernels for the 128-row M tiles, mma.sync for the 64-row ones.
+  EXPECT_TRUE(cuda::fused_moe_sm90_grouped_uses_tma(128));
+  EXPECT_FALSE(cuda::fused_moe_sm90_grouped_uses_tma(64));
 }
 
 TEST(FusedMoeSm90Grouped, WgmmaDescriptorFields) {

@@ -2,8 +2,7 @@
 // two grouped GEMMs on tensor cores and the per-token reduction over k. 128-row M tiles: the
 // persistent TMA + wgmma kernels (gemm1_ws_kernel / gemm2_ws_kernel below, mainloop in
 // fused_moe_sm90_grouped_tma.cuh) after a gather of x rows into expert order; 64-row ones:
-// mma.sync / HMMA (fused_moe_sm90_grouped_mma.cuh). Built with -DMOEKIT_GROUPED_TMA=0, 128-row
-// tiles use the cp.async wgmma mainloop of fused_moe_sm90_grouped_wgmma.cuh instead (Mainloop<BM>).
+// mma.sync / HMMA (fused_moe_sm90_grouped_mma.cuh).
 // SPEC 3.1, 3.4, 3.5. Deterministic by construction (no float atomics; the integer atomics of the
 // routing kernel only order rows inside an expert, which changes no value: every row is computed
 // independently and the sum over k runs per token in slot order).
@@ -96,19 +95,15 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// ---------------------------------------------------------------- mainloop choice per M tile
-// The wgmma mainloop (fused_moe_sm90_grouped_wgmma.cuh) serves BM = 128 when
-// fused_moe_sm90_grouped_uses_wgmma says so (the header); mma.sync serves the rest. Mainloop<BM>
-// gives the accumulator type and the fragment geometry the epilogues index: kMT m16 tiles x kNT n8
-// column blocks per warp.
+// ---------------------------------------------------------------- the mma.sync tiles (BM 64)
+// Mainloop<BM> gives the accumulator type and the fragment geometry the epilogues index: kMT m16
+// tiles x kNT n8 column blocks per warp (the 128-row tiles run the TMA kernels below).
 template <int BM>
 struct Mainloop {
-  static constexpr bool kWgmma = fused_moe_sm90_grouped_uses_wgmma(BM);
-  static constexpr int kMT = kWgmma ? 1 : 4;
-  static constexpr int kNT = kWgmma ? kWgNT : Tile<BM>::kNT;
-  using AccT = std::conditional_t<kWgmma, AccW, Acc<Tile<BM>::kNT>>;
-  // Dynamic shared memory: the stages, + slack to align them to the 1024-byte swizzle atom.
-  static constexpr int kSmemBytes = Tile<BM>::kSmemBytes + (kWgmma ? int(kSw128AtomBytes) : 0);
+  static constexpr int kMT = 4;
+  static constexpr int kNT = Tile<BM>::kNT;
+  using AccT = Acc<Tile<BM>::kNT>;
+  static constexpr int kSmemBytes = Tile<BM>::kSmemBytes;  // dynamic shared memory: the stages
   static_assert(kSmemBytes + 2 * BM * 4 <= kSm90SmemOptinBytes, "fits the sm_90 shared memory of one CTA");
 };
 
@@ -245,23 +240,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm1_kernel(Gemm1Args p) {
   }
   constexpr int kGW = Tl::kWarpCols / 2;  // g1u1: gate (and up) columns per warp
   typename ML::AccT acc;
-  if constexpr (ML::kWgmma) {
-    mainloop_wgmma<TT>(align_smem_1024(smem_raw), src, p.H, acc);
-  } else {
-    mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
-                                                        row_end - row0, acc);
-  }
+  mainloop_rows<TT, BM, G1U1 ? kBN / 2 : 8 * Tl::kNG>(smem_raw, src, p.H, G1U1 ? wn * kGW : wn * Tl::kWarpCols,
+                                                      row_end - row0, acc);
 
-  // mma.sync: a warp's columns lie in one 64-aligned block and I % 64 == 0 (supports), so they are
-  // all valid or all past I: one check per warp, and the stores below use immediate offsets.
-  // wgmma: a warp holds all columns of the N tile (from i0); n8 block j is valid iff 8 j < I - i0.
-  const int ic = ML::kWgmma ? i0 : i0 + wn * (G1U1 ? kGW : Tl::kWarpCols);  // the warp's first column of a
+  // A warp's columns lie in one 64-aligned block and I % 64 == 0 (supports), so they are all valid
+  // or all past I: one check per warp, and the stores below use immediate offsets.
+  const int ic = i0 + wn * (G1U1 ? kGW : Tl::kWarpCols);  // the warp's first column of a
   if (ic >= p.I) return;
   const int ncols = p.I - ic;
-  const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;  // the warp's first row in the tile
-  store_gemm1<TT, G1U1, A, ML::kMT, ML::kNT, ML::kWgmma>(acc.v, wrow, row_end - row0, ncols,
-                                                         static_cast<TT*>(p.a) + int64_t(row0) * p.I + ic, p.I,
-                                                         [&](int rl) { return s_win[rl]; });
+  const int wrow = wm * kWarpRows;  // the warp's first row in the tile
+  store_gemm1<TT, G1U1, A, ML::kMT, ML::kNT, false>(acc.v, wrow, row_end - row0, ncols,
+                                                    static_cast<TT*>(p.a) + int64_t(row0) * p.I + ic, p.I,
+                                                    [&](int rl) { return s_win[rl]; });
 }
 
 // ---------------------------------------------------------------- 3. gemm2
@@ -309,19 +299,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm2_kernel(Gemm2Args p) {
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsB; ++i) src.b_ok |= uint32_t(h0 + loader_row(tid, i) < p.H) << i;
   typename ML::AccT acc;
-  if constexpr (ML::kWgmma) {
-    mainloop_wgmma<TT>(align_smem_1024(smem_raw), src, p.I, acc);
-  } else {
-    mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
-  }
+  mainloop_rows<TT, BM, 8 * Tl::kNG>(smem_raw, src, p.I, wn * Tl::kWarpCols, row_end - row0, acc);
 
-  // NOTE: H % 64 == 0 (supports): the warp's columns are all valid or all past H (mma.sync), or
-  // n8 block j is valid iff 8 j < H - h0 (wgmma); see gemm1.
-  const int hc = ML::kWgmma ? h0 : h0 + wn * Tl::kWarpCols;
+  // H % 64 == 0 (supports): the warp's columns are all valid or all past H; see gemm1.
+  const int hc = h0 + wn * Tl::kWarpCols;
   if (hc >= p.H) return;
   const int ncols = p.H - hc;
-  const int wrow = ML::kWgmma ? warp * 16 : wm * kWarpRows;
-  store_gemm2<ML::kMT, ML::kNT, ML::kWgmma>(acc.v, wrow, row_end - row0, ncols, p.y + int64_t(row0) * p.H + hc, p.H);
+  const int wrow = wm * kWarpRows;
+  store_gemm2<ML::kMT, ML::kNT, false>(acc.v, wrow, row_end - row0, ncols, p.y + int64_t(row0) * p.H + hc, p.H);
 }
 
 // ---------------------------------------------------------------- 2'/3'. the TMA path (BM 128)
@@ -495,10 +480,8 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
   g2.counter = fused_moe_sm90_grouped_ws_dynamic(d.H) ? num_tiles + 2 : nullptr;
   if (bm == 64) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
-  } else if constexpr (fused_moe_sm90_grouped_uses_tma(128)) {
-    MOEKIT_RETURN_IF_ERROR(launch_ws<TT>(p, g1, g2, l, reinterpret_cast<TT*>(base + l.xs), s));
   } else {
-    MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 128>(p, g1, g2, unsigned(l.tiles_max), s)));
+    MOEKIT_RETURN_IF_ERROR(launch_ws<TT>(p, g1, g2, l, reinterpret_cast<TT*>(base + l.xs), s));
   }
 
   ReduceArgs rd{y, l.tk * d.H, slot_row, p.topk_weights.ptr<const float>(), p.out.data, p.out.stride[0], int(d.H),

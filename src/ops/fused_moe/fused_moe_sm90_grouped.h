@@ -16,7 +16,7 @@
 // on persistent warp-specialised kernels (fused_moe_sm90_grouped_tma.cuh: one TMA producer warp,
 // two wgmma consumer warpgroups, mbarrier stage ring, one CTA per SM walking the tile list); for
 // them gemm1 reads x rows first gathered into expert order (2'. gather, T*k x H in the workspace).
-// See fused_moe_sm90_grouped_uses_tma / _uses_wgmma.
+// See fused_moe_sm90_grouped_uses_tma.
 //   4. reduce  (T blocks): out[t] = round(sum_j w_tj * y[row(t, j)]) in slot order.
 // Deterministic by default (by construction): every row is computed independently with a fixed K
 // order and the sum over k is done per token in slot order; no float atomics anywhere.
@@ -52,23 +52,10 @@ constexpr int fused_moe_sm90_grouped_tile_m(int64_t tk, int64_t num_global_exper
   return tk >= 64 * (num_global_experts > 1 ? num_global_experts : 1) ? 128 : 64;
 }
 
-// Whether the M tiles of BM rows run the wgmma (HGMMA m64n256k16) mainloop instead of mma.sync:
-// BM = 128 only (two warpgroups of 64 rows), unless built with -DMOEKIT_GROUPED_WGMMA=0 (then
-// mma.sync everywhere, the fallback). Pure (host and tests).
-#ifndef MOEKIT_GROUPED_WGMMA
-#define MOEKIT_GROUPED_WGMMA 1
-#endif
-constexpr bool fused_moe_sm90_grouped_uses_wgmma(int tile_m) { return MOEKIT_GROUPED_WGMMA != 0 && tile_m == 128; }
-
 // Whether the M tiles of BM rows run the persistent warp-specialised TMA + wgmma kernels
 // (fused_moe_sm90_grouped_tma.cuh; gemm1 then reads x rows gathered into expert order) instead of
-// the cp.async mainloops: BM = 128 with wgmma, unless built with -DMOEKIT_GROUPED_TMA=0. Pure.
-#ifndef MOEKIT_GROUPED_TMA
-#define MOEKIT_GROUPED_TMA 1
-#endif
-constexpr bool fused_moe_sm90_grouped_uses_tma(int tile_m) {
-  return MOEKIT_GROUPED_TMA != 0 && fused_moe_sm90_grouped_uses_wgmma(tile_m);
-}
+// the cp.async + mma.sync mainloop: BM = 128 (two warpgroups of 64 rows). Pure (host and tests).
+constexpr bool fused_moe_sm90_grouped_uses_tma(int tile_m) { return tile_m == 128; }
 
 // The most M tiles of bm rows that tk routed rows over E experts can need, the routing lists' length:
 // sum_e ceil(c_e / bm) <= floor(tk / bm) + (non-empty experts), bounded as (tk + bm - 1) / bm + min(E, tk).

@@ -12,9 +12,8 @@
 // The caller decides WHICH rows: it hands the mainloop one source pointer per A row this thread
 // loads (the gather of x rows by token lives in the caller), the B rows, and where the warp's
 // 16-column groups of B start (`nbase0`, `kSplit`: the g/u column pairing of GEMM 1).
-// NOTE: that split (gather + epilogue outside, pure K loop inside) is what lets the wgmma mainloop
-// (fused_moe_sm90_grouped_wgmma.cuh, BM 128 tiles) reuse the loader, the shared layout and the
-// epilogues; this mma.sync mainloop serves BM 64 and the -DMOEKIT_GROUPED_WGMMA=0 build.
+// This mma.sync mainloop serves BM 64; the 128-row tiles run the TMA + wgmma kernels
+// (fused_moe_sm90_grouped_tma.cuh).
 //
 // Shared memory: per stage A BM x 64 and B 256 x 64 elements, rows of 128 bytes whose eight
 // 16-byte chunks are XOR-swizzled by (row & 7), so ldmatrix reads are conflict-free. Fragments of

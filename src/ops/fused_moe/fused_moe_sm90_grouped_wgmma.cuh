@@ -1,29 +1,13 @@
-// The wgmma mainloop of fused_moe_sm90_grouped (SPEC 3.1), the BM = 128 alternative to the
-// mma.sync mainloop of fused_moe_sm90_grouped_mma.cuh: one 128 x 256 output tile of C = A . B^T with
-// A [rows, K] and B [N, K] both K-contiguous bf16 / f16, f32 accumulation.
-//
-// Two consumer warpgroups (the 256 threads of the CTA); warpgroup g multiplies A rows 64 g .. 64 g
-// + 63 by all 256 B rows with wgmma.mma_async m64n256k16 (HGMMA), A and B read from shared memory
-// through matrix descriptors (fused_moe_sm90_grouped_desc.h). The shared tiles are the ones the
-// mma.sync path uses (same loader, same 4-stage cp.async pipeline): rows of 128 bytes whose
-// 16-byte chunks are XOR-swizzled by (row & 7) -- exactly the 128-byte swizzle layout of wgmma once
-// every stage starts on a 1024-byte boundary (the caller aligns `smem`).
-// Per 64-wide K slice kt: wait for its cp.async group, fence.proxy.async (the tensor cores read
-// through the async proxy what cp.async wrote through the generic one), barrier; issue the 4 k16
-// wgmma, commit; refill, while they run, the slot of slice kt - 1 - F with slice kt + D
-// (D = kStages - 1 - F); wait until at most F = kWgmmaInFlight wgmma groups are pending. The slot
-// is free because every warpgroup waited for its wgmma of kt - 1 - F before the barrier.
-// NOTE: F = 1 keeps the tensor pipe fed across the barrier (no drain per slice) at the price of a
-// prefetch distance of 2 slices instead of 3; F = 0 (the default) is the other trade and measured
-// faster (docs/experiments.md E17).
+// The wgmma pieces the TMA + wgmma kernels share (fused_moe_sm90_grouped_tma.cuh and the fp8
+// ring, fused_moe_sm90_grouped_fp8_ring.cuh): the accumulator layout, the fences and waits, and the
+// m64n256k16 (bf16 / f16), m64n128k32 and m64n64k32 (e4m3) wgmma wrappers with A and B read from
+// shared memory through matrix descriptors (fused_moe_sm90_grouped_desc.h).
 // Accumulators (PTX ISA, wgmma .m64nNk16 D fragment): warp w of the CTA (w = 4 g + warp in group)
 // owns rows 16 w .. 16 w + 15; d[j][q] of lane l is row 16 w + (l >> 2) + 8 (q >> 1), column
 // 8 j + 2 (l & 3) + (q & 1), j < 32. That is the m16n8 layout of mma.sync with one m16 tile per
 // warp, so AccW has the shape v[1][32][4] that the epilogues index like Acc<NT>.
-// Resources: 128 f32 accumulators per thread; 1 CTA (8 warps) per SM; shared memory
-// Tile<128>::kSmemBytes + 1024 (alignment slack).
-// Requirements: K % 64 == 0, every source row 16-byte aligned, `smem` 1024-byte aligned.
-// Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped: every BM = 128 case).
+// (The cp.async wgmma mainloop that once lived here, built only with -DMOEKIT_GROUPED_TMA=0, is
+// retired: docs/experiments.md E16-E18, E17 for its pipeline depth.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,17 +23,7 @@ namespace moekit::cuda::grouped {
 
 constexpr int kWgN = 256;                 // columns per wgmma (m64n256k16)
 constexpr int kWgNT = kWgN / 8;           // n8 column blocks per thread: 32
-// wgmma groups (one per K slice) left pending at the end of each slice: 0 or 1 (see the top).
-// NOTE: 0 (drain each slice, load 3 slices ahead) measured faster than 1 (one group in flight, 2
-// slices ahead) at Mixtral T=512 and Qwen3 T=4096, equal at Mixtral T=4096 (E17).
-#ifndef MOEKIT_GROUPED_WGMMA_IN_FLIGHT
-#define MOEKIT_GROUPED_WGMMA_IN_FLIGHT 0
-#endif
-constexpr int kWgmmaInFlight = MOEKIT_GROUPED_WGMMA_IN_FLIGHT;
-static_assert(kWgmmaInFlight == 0 || kWgmmaInFlight == 1, "0 or 1 wgmma groups in flight");
-constexpr int kWgPrefetch = kStages - 1 - kWgmmaInFlight;  // K slices loaded ahead: 2 or 3
-
-// Accumulators of one thread for the wgmma path (see the top for the (row, col) mapping).
+// Accumulators of one thread of a 64 x 256 wgmma (see the top for the (row, col) mapping).
 struct AccW {
   float v[1][kWgNT][4];
 };
@@ -183,56 +157,5 @@ __device__ __forceinline__ void wgmma_fp8_n64(float (&d)[8][4], uint64_t da, uin
       : "l"(da), "l"(db), "r"(1));
 }
 #undef MOEKIT_WG_D4
-
-// acc = A . B^T over K (K % 64 == 0) for the 128 x 256 tile; `smem` (1024-byte aligned) holds
-// Tile<128>::kSmemBytes. Ends with every cp.async and wgmma drained and a barrier.
-template <class TT>
-__device__ __forceinline__ void mainloop_wgmma(void* smem, const TileSources<TT, 128>& src, int K, AccW& acc) {
-  using Tl = Tile<128>;
-  constexpr uint32_t kStageBytes = Tl::kStageElems * 2;
-  constexpr uint32_t kABytes = Tl::kBM * kBK * 2;
-  static_assert(kStageBytes % kSw128AtomBytes == 0 && kABytes % kSw128AtomBytes == 0,
-                "every A / B tile starts on a swizzle-atom boundary");
-  static_assert(kThreads == 256 && Tl::kBM == 2 * 64, "two warpgroups of 64 rows");
-  const int tid = threadIdx.x;
-  const uint32_t s0 = smem_addr(smem);
-  const uint32_t a_off = uint32_t(tid >> 7) * 64 * kBK * 2;  // this warpgroup's 64 A rows
-#pragma unroll
-  for (int j = 0; j < kWgNT; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc.v[0][j][q] = 0.0f;
-
-  const int KT = K / kBK;
-#pragma unroll
-  for (int s = 0; s < kWgPrefetch; ++s) {
-    if (s < KT) load_stage<TT, 128>(s0 + s * kStageBytes, src, s * kBK, tid);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kWgPrefetch - 1>();  // this thread's copies of slice kt landed
-    fence_proxy_async_smem();
-    __syncthreads();  // everyone's copies landed; every wgmma of slice kt - 1 - F completed
-    const uint32_t st = s0 + uint32_t(kt % kStages) * kStageBytes;
-    const uint64_t da = wgmma_desc_sw128(st + a_off);
-    const uint64_t db = wgmma_desc_sw128(st + kABytes);
-    fence_acc(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      // +32 bytes per k16 step = +2 in the start-address field (bits 0-13, no carry out: < 2^18 B).
-      WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
-    }
-    wgmma_commit();
-    const int pf = kt + kWgPrefetch;  // into slot (kt - 1 - F) % kStages: see the top
-    if (pf < KT) load_stage<TT, 128>(s0 + uint32_t(pf % kStages) * kStageBytes, src, pf * kBK, tid);
-    cp_async_commit();
-    wgmma_wait<kWgmmaInFlight>();
-    fence_acc(acc);
-  }
-  wgmma_wait<0>();  // the accumulators are final
-  fence_acc(acc);
-  cp_async_wait<0>();
-  __syncthreads();
-}
 
 }  // namespace moekit::cuda::grouped
