@@ -26,13 +26,7 @@ PIP_FLAGS=()
 [[ ${BUILD_ISOLATION:-1} == 0 ]] && PIP_FLAGS=(--no-build-isolation --no-deps)
 total_start=$SECONDS
 
-step() {  # step NAME COMMAND...: runs COMMAND and prints its duration
-  local name=$1 start=$SECONDS
-  shift
-  echo "== $name"
-  "$@"
-  echo "== $name: $((SECONDS - start)) s"
-}
+source scripts/step.sh  # step NAME COMMAND...: runs COMMAND and prints its duration
 
 if [[ $VENV != none && ! -x $PY ]]; then
   mkdir -p "$(dirname "$VENV")"

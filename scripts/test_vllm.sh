@@ -17,13 +17,7 @@ PY=$VENV/bin/python
 VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
 total_start=$SECONDS
 
-step() {  # step NAME COMMAND...: runs COMMAND and prints its duration
-  local name=$1 start=$SECONDS
-  shift
-  echo "== $name"
-  "$@"
-  echo "== $name: $((SECONDS - start)) s"
-}
+source scripts/step.sh  # step NAME COMMAND...: runs COMMAND and prints its duration
 
 if [[ ! -x $PY ]]; then
   mkdir -p "$(dirname "$VENV")"
