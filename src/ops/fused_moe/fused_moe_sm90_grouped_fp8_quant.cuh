@@ -34,7 +34,7 @@ namespace {
 
 constexpr int kQuantMaxThreads = 1024;
 constexpr int kQuantManyThreads = 256;   // block size for many rows
-constexpr int kQuantFewRows = 128;       // up to this many rows: the latency shape (H200: 132 SMs)
+constexpr int kQuantFewRows = 128;       // up to this many rows: the latency shape (a row count, E45)
 constexpr int kQuantGroup = 128;         // values per scale group of quant_groups_kernel
 
 template <class S>
