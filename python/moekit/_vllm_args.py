@@ -94,6 +94,14 @@ def check_weight_layout(layout: Any, name: str, prefix: str = "") -> str:
     return layout
 
 
+def token_expert_indices(T: int, k: int, device: Any) -> torch.Tensor:
+    """fused_topk's third value: [T, k] int32, [t, j] = j * T + t, the row of (token t, slot j) in
+    slot-major order (what vLLM's topk_softmax / topk_sigmoid kernels and moekit's topk_softmax op
+    write)."""
+    slots = torch.arange(k, dtype=torch.int32, device=device).unsqueeze(0) * T
+    return slots + torch.arange(T, dtype=torch.int32, device=device).unsqueeze(1)
+
+
 def check_indices_type(indices_type: Any, num_experts: int, prefix: str = "") -> None:
     """fused_topk's indices_type: None (int32) or an integer dtype that holds every expert id."""
     ok = (isinstance(indices_type, torch.dtype) and not indices_type.is_floating_point

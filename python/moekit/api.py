@@ -186,13 +186,6 @@ def _routing_outputs(gating_output: torch.Tensor, topk: int) -> Tuple[torch.Tens
 
 
 # ------------------------------------------------------------------------------------ routing
-def _token_expert_indices(T: int, k: int, device: torch.device) -> torch.Tensor:
-    """[T, k] int32, [t, j] = j * T + t: the row of (token t, slot j) in slot-major order (what vLLM's
-    topk_softmax / topk_sigmoid kernels write, and moekit's topk_softmax op)."""
-    slots = torch.arange(k, dtype=torch.int32, device=device).unsqueeze(0) * T
-    return slots + torch.arange(T, dtype=torch.int32, device=device).unsqueeze(1)
-
-
 def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
                indices_type: Optional[torch.dtype] = None, scoring_func: str = "softmax"
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -223,7 +216,7 @@ def fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: i
         if renormalize:
             total = weights.sum(dim=-1, keepdim=True)
             weights = torch.where(total > 0, weights / total, weights)
-        token_expert_indices = _token_expert_indices(ids.shape[0], k, ids.device)
+        token_expert_indices = _vllm_args.token_expert_indices(ids.shape[0], k, ids.device)
     if indices_type is not None and indices_type != torch.int32:
         ids = ids.to(indices_type)
     return weights, ids, token_expert_indices

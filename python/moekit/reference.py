@@ -122,12 +122,6 @@ def _check_topk(topk: int, num_experts: int, name: str = "topk") -> None:
 
 
 # ---------------------------------------------------------------- routing (SPEC 1)
-def _token_expert_indices(T: int, k: int, device) -> torch.Tensor:
-    """[T, k] int32 with [t, j] = j * T + t (the slot-major row of each (token, slot))."""
-    slot_major = torch.arange(k, device=device).unsqueeze(0) * T + torch.arange(T, device=device).unsqueeze(1)
-    return slot_major.to(torch.int32)
-
-
 def ref_fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
                    indices_type: Optional[torch.dtype] = None, scoring_func: str = "softmax"
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,7 +145,7 @@ def ref_fused_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, top
     if renormalize:
         w = _renormalize(w)
     T = gating_output.shape[0]
-    return w, ids.to(indices_type or torch.int32), _token_expert_indices(T, topk, gating_output.device)
+    return w, ids.to(indices_type or torch.int32), _vllm_args.token_expert_indices(T, topk, gating_output.device)
 
 
 def ref_grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool,
