@@ -60,6 +60,9 @@ class MoekitExperts(mk.FusedMoEExpertsModular):
     def __init__(self, moe_config, quant_config, max_num_tokens=None, num_dispatchers=None):
         super().__init__(moe_config, quant_config, max_num_tokens, num_dispatchers)
         self._logged_kernels: set = set()
+        # Token counts whose kernel was looked up: the choice is a function of the token count for
+        # this layer's fixed shapes, so each count is asked about once, not on every forward.
+        self._asked_tokens: set = set()
 
     @staticmethod
     def activation_format() -> mk.FusedMoEActivationFormat:
@@ -123,12 +126,13 @@ class MoekitExperts(mk.FusedMoEExpertsModular):
             topk_weights = torch.ones_like(topk_weights)
         kwargs = dict(activation=activation.value, global_num_experts=global_num_experts, expert_map=expert_map,
                       quant_config=self.quant_config if self.quant_config.is_quantized else None)
-        if not torch.compiler.is_compiling():
+        if hidden_states.shape[0] not in self._asked_tokens and not torch.compiler.is_compiling():
+            self._asked_tokens.add(hidden_states.shape[0])
             self._log_kernel(output, hidden_states, w1, w2, topk_weights, topk_ids, kwargs)
         api.fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, out=output, **kwargs)
 
     def _log_kernel(self, output, hidden_states, w1, w2, topk_weights, topk_ids, kwargs) -> None:
-        """Logs each moekit kernel this layer type runs, once (decode and prefill may differ)."""
+        """Logs each moekit kernel this layer runs, once (decode and prefill may differ)."""
         name = api.fused_experts_kernel(hidden_states, w1, w2, topk_weights, topk_ids, out=output, **kwargs)
         if name not in self._logged_kernels:
             self._logged_kernels.add(name)

@@ -20,8 +20,8 @@ import logging
 import os
 import sys
 
-#: The vLLM versions the plugin was tested with (pyproject.toml's `vllm` extra says the same).
-TESTED_VLLM = (">=0.33.0", "<0.34")
+#: The vLLM versions the plugin was tested with, [low, high) (pyproject.toml's `vllm` extra says the same).
+TESTED_VLLM = ((0, 33, 0), (0, 34, 0))
 #: The switch: 1 routes vLLM's MoE layers through moekit; unset or 0 leaves vLLM as it is.
 ENV = "MOEKIT_VLLM_MOE"
 
@@ -43,7 +43,7 @@ def _version_tested(version: str) -> bool:
     for piece in version.split("+")[0].split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
-    return (0, 33, 0) <= tuple(parts) < (0, 34, 0)
+    return TESTED_VLLM[0] <= tuple(parts) < TESTED_VLLM[1]
 
 
 def register() -> None:
@@ -55,8 +55,9 @@ def register() -> None:
     from vllm.model_executor.layers.fused_moe.oracle import unquantized as unquantized_oracle
 
     if not _version_tested(vllm.__version__):
-        _log.warning("moekit: %s=1 with vLLM %s; the plugin was tested with vllm%s", ENV, vllm.__version__,
-                     ",".join(TESTED_VLLM))
+        low, high = (".".join(map(str, v)) for v in TESTED_VLLM)
+        _log.warning("moekit: %s=1 with vLLM %s; the plugin was tested with vllm>=%s,<%s", ENV, vllm.__version__,
+                     low, high)
     _patch(unquantized_oracle, "select_unquantized_moe_backend", _select_unquantized)
     _patch(fp8_oracle, "select_fp8_moe_backend", _select_fp8)
     _log.info("moekit: %s=1: vLLM's unquantized and fp8 MoE layers run moekit's fused_moe where it "
