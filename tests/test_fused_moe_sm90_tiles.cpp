@@ -42,7 +42,8 @@ std::vector<std::string> current_choices() {
           const int64_t E = e[0], k = e[1], H = s[0], I = s[1], tk = T * k;
           const bool tma256 = fp8_tma256_takes(H, I, g1u1);
           const bool mma64_fits = fp8_block_mma64_fits(H, I);
-          const int64_t mma_tiles = cuda::fused_moe_sm90_grouped_tiles_max(tk, E, 64);  // the block mma grid
+          const Fp8BlockMmaStages mma_stages = fp8_block_mma_gemm_stages(
+              cuda::fused_moe_sm90_grouped_tiles_max(tk, E, 64), H, I, g1u1, false, dev.sm_count);
           // bf16 (E = Eg here): the M tile, and gemm2's K ranges on the TMA path (128 x 256 tiles,
           // K slices of 64), as fused_moe_sm90_grouped.cu's layout_of computes them.
           const int bm = cuda::fused_moe_sm90_grouped_tile_m(tk, E);
@@ -60,9 +61,7 @@ std::vector<std::string> current_choices() {
              << fp8_row_tiles_name(fp8_row_tiles(tk, E, tma256)) << ','
              << fp8_block_tiles_name(fp8_block_tiles(tk, E, tma256, mma64_fits)) << ','
              << (tma256 ? fused_moe_sm90_tma64_gemm2_splits(tk, E, H / 256, I / 128, dev.sm_count) : 1) << ','
-             << fp8_block_mma_stages(H, mma_tiles * ((I + (g1u1 ? 127 : 255)) / (g1u1 ? 128 : 256)), false,
-                                     dev.sm_count)
-             << ',' << fp8_block_mma_stages(I, mma_tiles * ((H + 255) / 256), false, dev.sm_count);
+             << mma_stages.gemm1 << ',' << mma_stages.gemm2;
           rows.push_back(os.str());
         }
       }

@@ -50,10 +50,10 @@ void set_stages(const Sm90Problem& p, const DeviceFacts& dev, Sm90Config* c) {
   if (c->mainloop == Sm90Mainloop::ws && c->tile_m == 192) s = 3;
   c->stages[0] = c->stages[1] = s;
   if (c->recipe == Sm90Recipe::fp8_block && c->mainloop == Sm90Mainloop::mma) {
-    const int64_t tiles = cuda::fused_moe_sm90_grouped_tiles_max(p.tk(), p.E, 64);
-    const int64_t n1 = (p.I + (p.g1u1 ? 127 : 255)) / (p.g1u1 ? 128 : 256), n2 = (p.H + 255) / 256;
-    c->stages[0] = fp8_block_mma_stages(p.H, tiles * n1, false, dev.sm_count);
-    c->stages[1] = fp8_block_mma_stages(p.I, tiles * n2, false, dev.sm_count);
+    const Fp8BlockMmaStages st = fp8_block_mma_gemm_stages(cuda::fused_moe_sm90_grouped_tiles_max(p.tk(), p.E, 64),
+                                                           p.H, p.I, p.g1u1, false, dev.sm_count);
+    c->stages[0] = st.gemm1;
+    c->stages[1] = st.gemm2;
   }
 }
 

@@ -410,10 +410,10 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
     if (tiles == BlkTiles::tma128) return run_blk_tma<BlkTiles::tma128>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma128n256) return run_blk_tma<BlkTiles::tma128n256>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma64) return run_blk_tma<BlkTiles::tma64>(p, l, g1, g2, base, s);
-    const int64_t n_tiles1 = ceil_div(d.I, d.g1u1 ? kBN / 2 : kBN), n_tiles2 = ceil_div(d.H, kBN);
-    const int sms = current_device_facts_or_zero().sm_count;
-    const bool five1 = fp8_block_mma_stages(d.H, l.tiles_max * n_tiles1, force5, sms) == 5;
-    const bool five2 = fp8_block_mma_stages(d.I, l.tiles_max * n_tiles2, force5, sms) == 5;
+    static_assert(kBN == 256, "fp8_block_mma_gemm_stages counts N tiles of 256 columns");
+    const Fp8BlockMmaStages st = fp8_block_mma_gemm_stages(l.tiles_max, d.H, d.I, d.g1u1, force5,
+                                                           current_device_facts_or_zero().sm_count);
+    const bool five1 = st.gemm1 == 5, five2 = st.gemm2 == 5;
     if (five1) return five2 ? run_blk_mma<5, 5>(p, l, g1, g2, base, s) : run_blk_mma<5, 4>(p, l, g1, g2, base, s);
     return five2 ? run_blk_mma<4, 5>(p, l, g1, g2, base, s) : run_blk_mma<4, 4>(p, l, g1, g2, base, s);
   };

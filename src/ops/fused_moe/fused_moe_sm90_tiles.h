@@ -40,6 +40,17 @@ constexpr int fp8_block_mma_stages(int64_t K, int64_t ctas, bool force5, int sm_
   return force5 || (K >= kBlk5StagesMinK && ctas >= kBlk5StagesMinWaves * sm_count) ? 5 : 4;
 }
 
+// Both gemms' depths for the block mma tiles on `tiles` M tiles of 64 rows: gemm1 over K = H on N
+// tiles of 128 gate + 128 up columns (g1u1) or 256, gemm2 over K = I on N tiles of 256.
+struct Fp8BlockMmaStages {
+  int gemm1, gemm2;
+};
+constexpr Fp8BlockMmaStages fp8_block_mma_gemm_stages(int64_t tiles, int64_t H, int64_t I, bool g1u1, bool force5,
+                                                      int sm_count) {
+  const int64_t n1 = g1u1 ? (I + 127) / 128 : (I + 255) / 256, n2 = (H + 255) / 256;
+  return {fp8_block_mma_stages(H, tiles * n1, force5, sm_count), fp8_block_mma_stages(I, tiles * n2, force5, sm_count)};
+}
+
 // tk routed entries over E local experts; tma256: the 256-column tiles take the shape (and the
 // operands). 64 x 256 up to kGroupedFp8Tma64MaxRows rows per touched expert, else 64-row mma.sync
 // tiles up to kGroupedFp8Bm64MaxRows, else 192 x 256 where they pad fewer rows, else 128 x 256.
