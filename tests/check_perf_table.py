@@ -12,10 +12,10 @@ import sys
 import tempfile
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LABELS = {"Mixtral": "mixtral", "DeepSeek-V3": "deepseek-v3", "Qwen3-30B": "qwen3-moe"}
-AUTO = {"bf16": "fused_moe_sm90_bf16", "fp8_tensor": "fused_moe_sm90_fp8_row",
-        "fp8_channel": "fused_moe_sm90_fp8_row", "fp8_block": "fused_moe_sm90_fp8_block"}
-TOKENS = (1, 8, 64, 512, 4096)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from perf_table import AUTO, MODELS, TOKENS  # noqa: E402  (the generator's own models, kernels, columns)
+
+LABELS = {label: model for model, label in MODELS}
 
 
 def main() -> int:
