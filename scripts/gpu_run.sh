@@ -2,11 +2,14 @@
 # Runs the whole CUDA validation and benchmark on the GPU machine, from the repository root, with
 # the binaries staged by scripts/gpu_build.sh in .gpu/. Writes summary.txt and gpu_run_logs.tgz
 # (logs, JSON and a CSV) to $OUT (default out/). Each step has its own time limit so a hang cannot eat the run.
-#   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest)
-#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block" (default fp8_tensor;
-#   all three with FP8_AUTO_ONLY=1)   BENCH_BF16=0|1
+#   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest;
+#   "sweep" times every fused_moe config of the auto kernels: SWEEP_MODELS, SWEEP_SCHEMES, CSV in
+#   sweep.csv, the file docs/data/fused_moe_sm90_sweep.csv records)
+#   CHECK_CONFIGS=all (check: also every config of each variant's first CUDA kernel; "" = rules only)
+#   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block" (the default)
+#   BENCH_BF16=0|1
 #   BENCH_MODELS="mixtral deepseek-v3 qwen3-moe"   BENCH_LIMIT=90 (seconds per bench run)
-#   FP8_AUTO_ONLY=1 (fp8: the auto kernel only)   GPU_DIR=.gpu (staged binaries)   TEST_SHARDS=4
+#   GPU_DIR=.gpu (staged binaries)   TEST_SHARDS=4
 #   TEST_FILTER='*' (gtest filter of the tests step)   SANITIZE_TOOLS="memcheck racecheck" (initcheck
 #   also; each tool with its own filter, or SANITIZE_FILTER for all of them)
 # NOTE: one device call may run 10 minutes. The test binary alone took 4-7 min on the H200 (2026-11-29,
@@ -67,9 +70,10 @@ if has tests; then
 fi
 CHECK_MODELS="mixtral deepseek-v3 llama4 qwen3-moe"
 if has check; then
+  cc=${CHECK_CONFIGS-all}
   for m in $CHECK_MODELS; do
     bg "check_$m" timeout ${CHECK_LIMIT:-150} $B/moekit check --op all --backend cuda --model "$m" \
-      > "$L/check_$m.log" 2>&1
+      ${cc:+--config "$cc"} > "$L/check_$m.log" 2>&1
   done
 fi
 if has sanitize; then
@@ -101,33 +105,16 @@ if has sanitize; then
 fi
 
 if has bench; then
-  # bf16 (BENCH_BF16=1): every CUDA kernel of the variant in one run per model; fp8 (FP8_SCHEMES,
-  # default fp8_tensor, or all three with FP8_AUTO_ONLY=1; e.g. "fp8_tensor fp8_channel fp8_block"):
-  # one run per kernel, so a run cut by its time limit loses only its own rows: the auto kernel
-  # (fused_moe_sm90_fp8_row / fused_moe_sm90_fp8_block) and the grouped kernels with 128- and 64-row
-  # tiles (block: also the 64 x 256 and 128 x 256 TMA tiles, _tma64 / _n256, and 5-stage BM 64
-  # pipelines, _bm64_s5) (small_m fp8 at large T takes seconds per call and is left to the auto
-  # kernel). BENCH_MODELS picks the presets.
-  fp8_default=fp8_tensor
-  [ "${FP8_AUTO_ONLY:-0}" = 1 ] && fp8_default="fp8_tensor fp8_channel fp8_block"
+  # One run per (model, scheme) of the auto kernel (fused_moe_sm90_bf16 / _fp8_row / _fp8_block), so a
+  # run cut by its time limit loses only its own rows. FP8_SCHEMES picks the fp8 schemes (default all
+  # three), BENCH_BF16=0 drops bf16, BENCH_MODELS the presets. Every config: STEPS=sweep.
   for m in ${BENCH_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
-    if [ "${BENCH_BF16:-1}" = 1 ]; then
+    schemes=${FP8_SCHEMES:-fp8_tensor fp8_channel fp8_block}
+    [ "${BENCH_BF16:-1}" = 1 ] && schemes="bf16 $schemes"
+    for sc in $schemes; do
       timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-        --scheme bf16 --iters ${BENCH_ITERS:-30} --json > "$L/bench_$m.json" 2> "$L/bench_$m.err"
-      say "bench $m rc=$?"
-    fi
-    for sc in ${FP8_SCHEMES:-$fp8_default}; do
-      kerns="fused_moe_sm90_fp8_row fused_moe_sm90_grouped_fp8_row fused_moe_sm90_grouped_fp8_row_bm64 fused_moe_sm90_grouped_fp8_row_tma64 fused_moe_sm90_grouped_fp8_row_m192"
-      [ "$sc" = fp8_block ] && kerns="fused_moe_sm90_fp8_block fused_moe_sm90_grouped_fp8_block fused_moe_sm90_grouped_fp8_block_bm64 fused_moe_sm90_grouped_fp8_block_bm64_s5 fused_moe_sm90_grouped_fp8_block_tma64 fused_moe_sm90_grouped_fp8_block_n256"
-      if [ "${FP8_AUTO_ONLY:-0}" = 1 ]; then  # the auto kernel's rows only
-        kerns=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && kerns=fused_moe_sm90_fp8_block
-      fi
-      for k in $kerns; do
-        timeout ${BENCH_LIMIT:-90} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-          --scheme "$sc" --kernel $k --iters ${BENCH_ITERS:-30} --json \
-          > "$L/bench_${m}_${sc}_$k.json" 2> "$L/bench_${m}_${sc}_$k.err"
-        say "bench $m $sc $k rc=$?"
-      done
+        --scheme "$sc" --iters ${BENCH_ITERS:-30} --json > "$L/bench_${m}_$sc.json" 2> "$L/bench_${m}_$sc.err"
+      say "bench $m $sc rc=$?"
     done
   done
   python3 - "$L" <<'PY' | tee -a "$S"
@@ -149,6 +136,36 @@ with open(os.path.join(out, "bench.csv"), "w", newline="") as fh:
 for r in rows:
     print(" ".join(f"{k}={r.get(k)}" for k in keys))
 PY
+fi
+if has sweep; then
+  # Every config the auto kernel can run, per (model, scheme, T), without the cuBLAS baseline; one CSV
+  # per run, then sweep.csv (the recorded sweep of docs/data/ and tests/test_fused_moe_sm90_sweep.cpp).
+  for m in ${SWEEP_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
+    for sc in ${SWEEP_SCHEMES:-bf16 fp8_tensor fp8_block}; do
+      k=fused_moe_sm90_bf16; [ "$sc" != bf16 ] && k=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && k=fused_moe_sm90_fp8_block
+      timeout ${SWEEP_LIMIT:-150} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
+        --scheme "$sc" --kernel $k --config all --no-baseline --iters ${SWEEP_ITERS:-20} \
+        --csv "$L/sweep_${m}_$sc.csv" > "$L/sweep_${m}_$sc.txt" 2>&1
+      say "sweep $m $sc rc=$? $(grep -c ' ok ' "$L/sweep_${m}_$sc.txt") rows"
+    done
+  done
+  python3 - "$L" <<'PY' | tee -a "$S"
+import csv, glob, os, sys
+out = sys.argv[1]
+keys = ["model", "scheme", "tokens", "config", "config_picked", "time_us", "status"]
+rows = []
+for f in sorted(glob.glob(os.path.join(out, "sweep_*.csv"))):
+    stem = os.path.basename(f)[6:-4]  # sweep_{model}_{scheme}.csv
+    for r in csv.DictReader(open(f)):
+        rows.append(dict(r, model=stem[:-len(r["scheme"]) - 1]))
+with open(os.path.join(out, "sweep.csv"), "w", newline="") as fh:
+    w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+print(f"sweep.csv: {len(rows)} rows")
+PY
+  cp "$L/sweep.csv" "$OUT/" 2>/dev/null
 fi
 if has python; then
   # The Python package built from this checkout with the image's torch (no network: no build

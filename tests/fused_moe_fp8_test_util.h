@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -17,9 +18,35 @@
 
 namespace moekit::testing::moe_test {
 
-// "" when `kernel` is registered and the CUDA backend is available, else why not.
-inline std::string cuda_kernel_unavailable(const char* kernel) {
-  if (registry().find(kernel) == nullptr) return std::string(kernel) + " is not compiled in (MOEKIT_CUDA off)";
+// A kernel under test is named by a label: "kernel" (its rules) or "kernel [config]" (an explicit
+// config, kernel_config_label); label_options sets RunOptions::kernel / config from one (the strings
+// live in *kernel / *config).
+inline RunOptions label_options(const std::string& label, std::string* kernel, std::string* config) {
+  split_kernel_label(label, kernel, config);
+  RunOptions o;
+  o.kernel = kernel->c_str();
+  o.config = config->empty() ? nullptr : config->c_str();
+  return o;
+}
+
+// The labels' configs in a check request (check_fused_moe runs them on the variant's first kernel
+// that takes configs, besides every kernel's rules).
+inline CheckRequest with_configs(CheckRequest req, const std::vector<std::string>& labels) {
+  for (const std::string& l : labels) {
+    std::string kernel, config;
+    split_kernel_label(l, &kernel, &config);
+    if (!config.empty() && std::find(req.configs.begin(), req.configs.end(), config) == req.configs.end()) {
+      req.configs.push_back(config);
+    }
+  }
+  return req;
+}
+
+// "" when the kernel of `label` is registered and the CUDA backend is available, else why not.
+inline std::string cuda_kernel_unavailable(const std::string& label) {
+  std::string kernel, config;
+  split_kernel_label(label, &kernel, &config);
+  if (registry().find(kernel) == nullptr) return kernel + " is not compiled in (MOEKIT_CUDA off)";
   const Status st = registry().backend_available(Backend::cuda);
   return st.ok() ? "" : "CUDA backend unavailable: " + st.to_string();
 }
@@ -34,7 +61,8 @@ inline std::string cuda_kernel_unavailable(const char* kernel) {
 // The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input of a per-row /
 // per-tensor problem; block-scaled problems always run row_kernel) on device copies of prob's
 // tensors against the fp8 ref kernel of the problem's variant on the host; outputs must be finite.
-inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel, const char* tkw1_kernel,
+inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const std::string& row_kernel,
+                                        const std::string& tkw1_kernel,
                                         MoeCompare compare = MoeCompare::kernel_vs_ref) {
   FusedMoeParams p = prob.params();
   const bool tkw1 = p.weight_on_input, block = p.scale_block_n > 0;
@@ -48,8 +76,8 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const char* row_kernel
   {
     DeviceMirror dev(Backend::cuda);
     ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
-    RunOptions opts;
-    opts.kernel = tkw1 && !block ? tkw1_kernel : row_kernel;
+    std::string kernel, config;
+    RunOptions opts = label_options(tkw1 && !block ? tkw1_kernel : row_kernel, &kernel, &config);
     size_t ws = 0;
     ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
     ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
@@ -101,41 +129,53 @@ inline void set_zero_and_large_rows(MoeProblem* prob) {
 // Every case ok, and kernel a or b really ran in at least one; a case of theirs may be skipped only
 // when may_skip(case name, detail) says the refusal is by design.
 template <class MaySkip>
-void expect_fp8_kernels_ran(const std::vector<CaseResult>& results, const char* a, const char* b, MaySkip may_skip) {
+void expect_fp8_kernels_ran(const std::vector<CaseResult>& results, const std::string& a, const std::string& b,
+                            MaySkip may_skip) {
   expect_all_ok(results);
   int ran = 0;
   for (const CaseResult& r : results) {
     if (r.kernel != a && r.kernel != b) continue;
     const bool skipped = r.detail.rfind("skipped", 0) == 0;
-    EXPECT_TRUE(!skipped || may_skip(r.name, r.detail)) << r.name << " | " << r.detail;
+    EXPECT_TRUE(!skipped || may_skip(r.name, r.detail)) << r.kernel << " " << r.name << " | " << r.detail;
     ran += skipped ? 0 : 1;
   }
-  EXPECT_GT(ran, 0);
+  EXPECT_GT(ran, 0) << a << " / " << b;
 }
 
-// Kernel k's supports() on device copies of the random problem of shape s says `accepted` (a
-// refusal then is about the shape, not about host tensors). Needs a CUDA device.
-inline void expect_device_supports(const Kernel& k, const MoeShape& s, bool accepted) {
+// The supports() of the kernel of `label` (with its config, as the front door passes it) on device
+// copies of the random problem of shape s says `accepted` (a refusal then is about the shape, not
+// about host tensors). Needs a CUDA device.
+inline void expect_device_supports(const std::string& label, const MoeShape& s, bool accepted) {
+  std::string kernel, config;
+  split_kernel_label(label, &kernel, &config);
+  const Kernel* k = registry().find(kernel);
+  ASSERT_NE(k, nullptr) << kernel;
   MoeProblem prob = make(s);
   FusedMoeParams p = prob.params();
+  p.config = config.empty() ? nullptr : config.c_str();
   DeviceMirror dev(Backend::cuda);
   ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
-  const Status st = k.supports(&p);
-  EXPECT_EQ(st.ok(), accepted) << k.name << " H=" << s.H << " I=" << s.I << ": " << st.to_string();
+  const Status st = k->supports(&p);
+  EXPECT_EQ(st.ok(), accepted) << label << " H=" << s.H << " I=" << s.I << ": " << st.to_string();
 }
 
-// Kernel k's supports() refuses the random problem of shape s: on device copies of its tensors when
-// k is a CUDA kernel and a device is present (so the refusal is about the shape or the scheme),
+// The kernel of `label` refuses the random problem of shape s: on device copies of its tensors when
+// it is a CUDA kernel and a device is present (so the refusal is about the shape or the scheme),
 // else on the host tensors (every CUDA kernel refuses those; the check is then only that
 // supports() fails cleanly).
-inline void expect_refuses(const Kernel& k, const MoeShape& s) {
-  if (k.backend == Backend::cuda && registry().backend_available(Backend::cuda).ok()) {
-    expect_device_supports(k, s, false);
+inline void expect_refuses(const std::string& label, const MoeShape& s) {
+  std::string kernel, config;
+  split_kernel_label(label, &kernel, &config);
+  const Kernel* k = registry().find(kernel);
+  ASSERT_NE(k, nullptr) << kernel;
+  if (k->backend == Backend::cuda && registry().backend_available(Backend::cuda).ok()) {
+    expect_device_supports(label, s, false);
     return;
   }
   MoeProblem prob = make(s);
-  const FusedMoeParams p = prob.params();
-  EXPECT_FALSE(k.supports(&p).ok()) << k.name << " accepted " << scheme_name(s.scheme) << " H=" << s.H << " I=" << s.I;
+  FusedMoeParams p = prob.params();
+  p.config = config.empty() ? nullptr : config.c_str();
+  EXPECT_FALSE(k->supports(&p).ok()) << label << " accepted " << scheme_name(s.scheme) << " H=" << s.H << " I=" << s.I;
 }
 
 // The CUDA check request of the fp8 kernel tests: scheme sc on the cuda backend, the harness edge

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -134,9 +135,9 @@ TEST(FusedMoeSm90Config, Names) {
   EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/128x256.ws4+dynamic+k2");
   p.recipe = Sm90Recipe::fp8_block;  // DeepSeek-V3 T = 4096: 64 x 256 ring, 128 rows per expert
   p.T = 4096, p.k = 8, p.E = p.Eg = 256, p.H = 7168, p.I = 2048;
-  EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/64x256.ring5");
+  EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/64x256.ring5+k1");
   p.T = 1;  // one token: small_m? No: H % 256 == 0 keeps fp8 grouped (64 x 256 ring, K ranges)
-  EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/64x256.ring5");
+  EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/64x256.ring5+k1");
   Sm90Config c;
   std::string why;
   EXPECT_TRUE(parse_sm90_config("small_m", Sm90Recipe::fp8_row, &c, &why));
@@ -150,6 +151,59 @@ TEST(FusedMoeSm90Config, Names) {
   EXPECT_NE(why.find("only bf16 ws tiles choose"), std::string::npos) << why;
   EXPECT_FALSE(parse_sm90_config("grouped/128x256.ws4+fast", Sm90Recipe::bf16, &c, &why));
   EXPECT_FALSE(parse_sm90_config("tiles/128x256", Sm90Recipe::bf16, &c, &why));
+}
+
+// Explicit configs: what a name leaves out follows the rules; what it gives must be compiled for the
+// tile and take the shape, else the refusal says why.
+TEST(FusedMoeSm90Config, ExplicitConfigsResolveOrSayWhyNot) {
+  Sm90Problem p;  // Mixtral T = 1, fp8 blocks: the rules pick the 64 x 256 ring with 4 K ranges
+  p.recipe = Sm90Recipe::fp8_block;
+  p.T = 1, p.k = 2, p.E = p.Eg = 8, p.H = 4096, p.I = 14336;
+  auto resolve = [&](const std::string& name, std::string* why) {
+    Sm90ConfigRequest req;
+    Sm90Config c;
+    if (!parse_sm90_config(name, p.recipe, &req, why)) return std::string("parse: ") + *why;
+    return resolve_sm90_config(p, kH200Facts, req, &c, why) ? sm90_config_name(c) : "refused: " + *why;
+  };
+  std::string why;
+  EXPECT_EQ(resolve("grouped/64x256.ring", &why), "grouped/64x256.ring5+k4");
+  EXPECT_EQ(resolve("grouped/64x256.ring5+k2", &why), "grouped/64x256.ring5+k2");
+  EXPECT_EQ(resolve("grouped/64x256.mma", &why), "grouped/64x256.mma4");  // I = 14336: no room for 5
+  EXPECT_NE(resolve("grouped/64x256.mma5", &why).find("5 stages leave no room"), std::string::npos) << why;
+  EXPECT_EQ(resolve("grouped/64x256.mma5.4", &why), "grouped/64x256.mma5.4");
+  EXPECT_NE(resolve("grouped/64x256.ring5+k5", &why).find("K ranges must be 1..4"), std::string::npos) << why;
+  EXPECT_NE(resolve("grouped/128x128.ring7+k2", &why).find("K ranges must be 1..1"), std::string::npos) << why;
+  EXPECT_NE(resolve("grouped/128x128.ring4", &why).find("this tile runs 7 stages"), std::string::npos) << why;
+  EXPECT_NE(resolve("grouped/192x256.ws3", &why).find("not a tile of the fp8_block kernels"), std::string::npos);
+  p.H = 4224;  // not a multiple of 256: the ring tiles refuse, the 128 x 128 one takes it
+  EXPECT_NE(resolve("grouped/64x256.ring5", &why).find("H a multiple of 256"), std::string::npos) << why;
+  EXPECT_EQ(resolve("grouped/128x128.ring7", &why), "grouped/128x128.ring7");
+  p.recipe = Sm90Recipe::bf16;
+  p.H = 4096;
+  EXPECT_EQ(resolve("grouped/128x256.ws4+static", &why), "grouped/128x256.ws4+static+k2");
+  EXPECT_EQ(resolve("grouped/128x256.ws4+dynamic2+k1", &why), "grouped/128x256.ws4+dynamic2+k1");
+  EXPECT_NE(resolve("grouped/128x256.ws4+k3", &why).find("K ranges must be 1..2"), std::string::npos) << why;
+  EXPECT_EQ(resolve("small_m", &why), "small_m");
+}
+
+// The sweep's configs: every compiled stage pair, schedule and K range count of each tile that takes
+// the shape, each legal and named uniquely.
+TEST(FusedMoeSm90Config, LegalConfigsEnumerateTheVariants) {
+  Sm90Problem p;
+  p.recipe = Sm90Recipe::fp8_block;
+  p.T = 64, p.k = 8, p.E = p.Eg = 256, p.H = 7168, p.I = 2048;  // DeepSeek-V3
+  std::set<std::string> names;
+  for (const Sm90Config& c : legal_sm90_configs(p, kH200Facts)) names.insert(sm90_config_name(c));
+  for (const char* n : {"small_m", "grouped/64x256.ring5+k1", "grouped/64x256.ring5+k4", "grouped/64x256.mma4",
+                        "grouped/64x256.mma5", "grouped/64x256.mma4.5", "grouped/64x256.mma5.4",
+                        "grouped/128x256.ring4", "grouped/128x128.ring7"}) {
+    EXPECT_EQ(names.count(n), 1u) << n;
+  }
+  EXPECT_EQ(names.size(), 1u + 4 + 4 + 1 + 1);
+  p.recipe = Sm90Recipe::bf16;
+  names.clear();
+  for (const Sm90Config& c : legal_sm90_configs(p, kH200Facts)) names.insert(sm90_config_name(c));
+  EXPECT_EQ(names.size(), 1u + 1 + 4 * 2);  // small_m, 64x256.mma4, 128x256.ws4 x 4 schedules x 2 K ranges
 }
 
 // A device with fewer SMs changes the SM-count rules only: Mixtral fp8 T = 1 splits its 64 x 256

@@ -1,16 +1,12 @@
-// fused_moe_sm90_grouped_fp8_row(_tkw1) (src/ops/fused_moe/fused_moe_sm90_grouped_fp8.cu): the fp8
-// W8A8 prefill CUDA kernel (QGMMA) and the auto kernels fused_moe_sm90_fp8_row(_tkw1) against the
-// fp8 reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
+// The fp8 W8A8 prefill CUDA tiles (src/ops/fused_moe/fused_moe_sm90_grouped_fp8.cu), run as configs of
+// fused_moe_sm90_fp8_row (docs/fused_moe_configs.md), and that kernel's own choice, against the fp8
+// reference kernels with the kernel_vs_ref rows of docs/tolerances.md: the harness edge cases and
 // presets (per-tensor, per-row, router weight on the input), several 128-row M tiles per expert,
-// tails around the warpgroup cut, tail tiles of both gemms, gemm2 in two K ranges, a static activation scale, g1u0 with gelu
-// and an expert map, rows of all zeros, large values, f16 x and out (F16Activations: the 128-row,
-// 64-row and 64 x 256 tiles and the auto kernel), and supports()' refusals. Suite
-// FusedMoeSm90GroupedFp8Bm64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64 (64-row tiles on
-// mma.sync e4m3): edge cases, presets at decode-sized T, several 64-row tiles per expert with tails,
-// the router weight on the input, a static scale, g1u0 with gelu and an expert map, zero / large rows.
-// Suite FusedMoeSm90GroupedFp8Tma64: the same for fused_moe_sm90_grouped_fp8_row(_tkw1)_tma64 (64 x 256
-// tiles on TMA + QGMMA; H % 256 == 0). Suite FusedMoeSm90GroupedFp8M192: the same for
-// fused_moe_sm90_grouped_fp8_row(_tkw1)_m192 (192 x 256 tiles, three consumer warpgroups).
+// tails around the warpgroup cut, tail tiles of both gemms, gemm2 in two K ranges, a static
+// activation scale, g1u0 with gelu and an expert map, rows of all zeros, large values, f16 x and out
+// (F16Activations), and supports()' refusals. Suite FusedMoeSm90GroupedFp8: grouped/128x256.ws4;
+// ...Bm64: grouped/64x256.mma4 (mma.sync e4m3) at decode-sized T; ...Tma64: grouped/64x256.ring5
+// (TMA + QGMMA; H % 256 == 0); ...M192: grouped/192x256.ws3 (three consumer warpgroups).
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8*'  (Bm64 included)
 #include <gtest/gtest.h>
@@ -31,18 +27,20 @@ namespace {
 using moe_test::make;
 using moe_test::small_shape;
 
-constexpr const char* kRow = "fused_moe_sm90_grouped_fp8_row";
-constexpr const char* kTkw1 = "fused_moe_sm90_grouped_fp8_row_tkw1";
+// The tiles under test are configs of the fp8_row kernel (docs/fused_moe_configs.md); it serves the
+// router weight on the output and on the input alike, so each pair below names one label twice.
+constexpr const char* kRow = "fused_moe_sm90_fp8_row [grouped/128x256.ws4]";
+constexpr const char* kTkw1 = kRow;
 constexpr const char* kAutoRow = "fused_moe_sm90_fp8_row";
-constexpr const char* kAutoTkw1 = "fused_moe_sm90_fp8_row_tkw1";
+constexpr const char* kAutoTkw1 = kAutoRow;
 
 #define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow)
 
 // A per-row kernel and its router-weight-on-input twin.
 struct RowPair {
-  const char *row, *tkw1;
+  std::string row, tkw1;
 };
-constexpr RowPair kRow128{kRow, kTkw1};
+const RowPair kRow128{kRow, kTkw1};
 
 void expect_matches_ref(MoeProblem& prob, RowPair k = kRow128, MoeCompare c = MoeCompare::kernel_vs_ref) {
   moe_test::expect_fp8_cuda_matches_ref(prob, k.row, k.tkw1, c);
@@ -62,8 +60,10 @@ void expect_edge_cases_ran(const std::vector<RowPair>& kernels) {
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
+      std::vector<std::string> labels;
+      for (const RowPair& k : kernels) labels.push_back(k.row);
       const std::vector<CaseResult> results =
-          check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input));
+          check_fused_moe(moe_test::with_configs(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input), labels));
       for (const RowPair& k : kernels) moe_test::expect_fp8_kernels_ran(results, k.row, k.tkw1, may_skip);
     }
   }
@@ -81,7 +81,7 @@ TEST(FusedMoeSm90GroupedFp8, Presets) {
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
     SCOPED_TRACE(model);
     CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {48}, std::string(model) == "llama4", model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRow, kTkw1, may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::with_configs(req, {kRow})), kRow, kTkw1, may_skip);
   }
 }
 
@@ -190,16 +190,15 @@ TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
 }
 
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
-  const Kernel* k = registry().find(kRow);
-  if (k == nullptr) GTEST_SKIP() << "not compiled in";
-  moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
-  moe_test::expect_refuses(*k, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
+  if (registry().find(kAutoRow) == nullptr) GTEST_SKIP() << "not compiled in";
+  moe_test::expect_refuses(kRow, small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));
+  moe_test::expect_refuses(kRow, small_shape(Scheme::bf16, 3, 4, 2, 128, 128));
 }
 
-// ---- 64-row tiles on mma.sync (fused_moe_sm90_grouped_fp8_row(_tkw1)_bm64)
+// ---- 64-row tiles on mma.sync (config grouped/64x256.mma4)
 
-constexpr const char* kRow64 = "fused_moe_sm90_grouped_fp8_row_bm64";
-constexpr const char* kTkw164 = "fused_moe_sm90_grouped_fp8_row_tkw1_bm64";
+constexpr const char* kRow64 = "fused_moe_sm90_fp8_row [grouped/64x256.mma4]";
+constexpr const char* kTkw164 = kRow64;
 
 #define SKIP_WITHOUT_BM64() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRow64)
 
@@ -210,8 +209,9 @@ TEST(FusedMoeSm90GroupedFp8Bm64, EdgeCasesPerTensorPerRowAndWeightOnInput) {
   for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
     for (bool on_input : {false, true}) {
       SCOPED_TRACE(std::string(scheme_name(sc)) + (on_input ? " weight_on_input" : ""));
-      moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input)),
-                                       kRow64, kTkw164, may_skip);
+      moe_test::expect_fp8_kernels_ran(
+          check_fused_moe(moe_test::with_configs(moe_test::fp8_cuda_request(sc, {1, 8, 64, 300}, on_input), {kRow64})),
+          kRow64, kTkw164, may_skip);
     }
   }
 }
@@ -221,7 +221,7 @@ TEST(FusedMoeSm90GroupedFp8Bm64, Presets) {
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral", "llama4"}) {
     SCOPED_TRACE(model);
     CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {8, 48}, std::string(model) == "llama4", model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRow64, kTkw164, may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::with_configs(req, {kRow64})), kRow64, kTkw164, may_skip);
   }
 }
 
@@ -267,8 +267,8 @@ TEST(FusedMoeSm90GroupedFp8Bm64, ZeroRowsAndLargeValues) {
   expect_bm64_matches_ref(prob);
 }
 
-constexpr const char* kRowT64 = "fused_moe_sm90_grouped_fp8_row_tma64";
-constexpr const char* kTkw1T64 = "fused_moe_sm90_grouped_fp8_row_tkw1_tma64";
+constexpr const char* kRowT64 = "fused_moe_sm90_fp8_row [grouped/64x256.ring5]";
+constexpr const char* kTkw1T64 = kRowT64;
 
 #define SKIP_WITHOUT_TMA64() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRowT64)
 
@@ -286,13 +286,14 @@ TEST(FusedMoeSm90GroupedFp8Tma64, Presets) {
   for (const char* model : {"qwen3-moe", "mixtral"}) {
     SCOPED_TRACE(model);
     CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {8, 48}, false, model);
-    moe_test::expect_fp8_kernels_ran(check_fused_moe(req), kRowT64, kTkw1T64, may_skip);
+    moe_test::expect_fp8_kernels_ran(check_fused_moe(moe_test::with_configs(req, {kRowT64})), kRowT64, kTkw1T64,
+                                     may_skip);
   }
   for (const char* model : {"deepseek-v3", "llama4"}) {
     SCOPED_TRACE(model);
     CheckRequest req = moe_test::fp8_cuda_request(Scheme::fp8_channel, {8}, std::string(model) == "llama4", model);
     int for_h = 0;
-    for (const CaseResult& r : check_fused_moe(req)) {
+    for (const CaseResult& r : check_fused_moe(moe_test::with_configs(req, {kRowT64}))) {
       if (r.kernel != kRowT64 && r.kernel != kTkw1T64) continue;
       EXPECT_TRUE(r.detail.rfind("skipped", 0) == 0 && may_skip(r.name, r.detail)) << r.name << " | " << r.detail;
       for_h += r.detail.find("multiple of 256") != std::string::npos ? 1 : 0;
@@ -366,16 +367,13 @@ TEST(FusedMoeSm90GroupedFp8Tma64, LongGateUpK) {
       moe_test::expect_fp8_cuda_matches_ref(prob, kRowT64, kTkw1T64, MoeCompare::kernel_tc_vs_ref);
     }
   }
-  const Kernel* k = registry().find(kRowT64);
-  ASSERT_NE(k, nullptr);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 512, 384), true);
-  moe_test::expect_device_supports(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 384, 256), false);  // H % 256
+  moe_test::expect_device_supports(kRowT64, small_shape(Scheme::fp8_channel, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(kRowT64, small_shape(Scheme::fp8_channel, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
-// ---- 192 x 256 tiles (fused_moe_sm90_grouped_fp8_row(_tkw1)_m192: three consumer warpgroups)
-constexpr const char* kRowM192 = "fused_moe_sm90_grouped_fp8_row_m192";
-constexpr const char* kTkw1M192 = "fused_moe_sm90_grouped_fp8_row_tkw1_m192";
-constexpr RowPair kM192{kRowM192, kTkw1M192};
+// ---- 192 x 256 tiles (config grouped/192x256.ws3: three consumer warpgroups)
+constexpr const char* kRowM192 = "fused_moe_sm90_fp8_row [grouped/192x256.ws3]";
+const RowPair kM192{kRowM192, kRowM192};
 
 #define SKIP_WITHOUT_M192() MOE_SKIP_WITHOUT_CUDA_KERNEL(kRowM192)
 
@@ -432,7 +430,7 @@ TEST(FusedMoeSm90GroupedFp8, F16Activations) {
         MoeProblem prob = make(shape);
         moe_test::to_f16_activations(&prob);
         for (const RowPair& k : T == 300 ? tiles128 : tiles64) {
-          SCOPED_TRACE(std::string(k.row) + " T=" + std::to_string(T));
+          SCOPED_TRACE(k.row + " T=" + std::to_string(T));
           moe_test::expect_fp8_cuda_matches_ref(prob, k.row, k.tkw1);
         }
       }

@@ -2,12 +2,13 @@
 // 128 x 128 block-scaled CUDA kernel against fused_moe_ref_fp8_block with the kernel_vs_ref row of
 // docs/tolerances.md: the harness edge cases and presets, several 128-row M tiles per expert, tails
 // around the warpgroup cut, g1u0 with gelu and an expert map, the router weight on the input, rows
-// of all zeros and large values, and supports()' refusals. Every device test runs both tile shapes:
-// fused_moe_sm90_grouped_fp8_block (128-row QGMMA tiles) and fused_moe_sm90_grouped_fp8_block_bm64
-// (64-row mma.sync tiles, per-slice promotion in the mainloop's hook); Bm64FiveStages fused_moe_sm90_grouped_fp8_block_bm64_s5 (5-stage pipelines wherever they fit),
-// Tma64* fused_moe_sm90_grouped_fp8_block_tma64 (64 x 256 tiles on TMA + QGMMA), N256*
-// fused_moe_sm90_grouped_fp8_block_n256 (128 x 256 tiles, two 128-column halves per warpgroup);
-// F16Activations every tile shape and the auto kernel with f16 x and out.
+// of all zeros and large values, and supports()' refusals. The tiles are configs of the kernel
+// fused_moe_sm90_fp8_block (docs/fused_moe_configs.md). Every device test runs both of
+// grouped/128x128.ring7 (128-row QGMMA tiles) and grouped/64x256.mma (64-row mma.sync tiles,
+// per-slice promotion in the mainloop's hook); Bm64FiveStages grouped/64x256.mma5 (5-stage pipelines,
+// .mma5.4 / .mma4.5 where one gemm's K leaves no room), Tma64* grouped/64x256.ring5 (64 x 256 tiles
+// on TMA + QGMMA), N256* grouped/128x256.ring4 (128 x 256 tiles, two 128-column halves per
+// warpgroup); F16Activations every tile shape and the kernel's own choice with f16 x and out.
 // Device tests GTEST_SKIP when the kernel is not compiled in or no sm_90 device is present.
 // Run: ./build/tests/moekit_tests --gtest_filter='FusedMoeSm90GroupedFp8Block*'
 #include <gtest/gtest.h>
@@ -27,11 +28,12 @@ namespace {
 using moe_test::make;
 using moe_test::small_shape;
 
-constexpr const char* kBlock = "fused_moe_sm90_grouped_fp8_block";
-constexpr const char* kBlock64 = "fused_moe_sm90_grouped_fp8_block_bm64";
-constexpr const char* kBlock64S5 = "fused_moe_sm90_grouped_fp8_block_bm64_s5";
-constexpr const char* kTma64 = "fused_moe_sm90_grouped_fp8_block_tma64";
-constexpr const char* kN256 = "fused_moe_sm90_grouped_fp8_block_n256";
+constexpr const char* kAuto = "fused_moe_sm90_fp8_block";
+constexpr const char* kBlock = "fused_moe_sm90_fp8_block [grouped/128x128.ring7]";
+constexpr const char* kBlock64 = "fused_moe_sm90_fp8_block [grouped/64x256.mma]";  // stages by the rules
+constexpr const char* kBlock64S5 = "fused_moe_sm90_fp8_block [grouped/64x256.mma5]";
+constexpr const char* kTma64 = "fused_moe_sm90_fp8_block [grouped/64x256.ring5]";
+constexpr const char* kN256 = "fused_moe_sm90_fp8_block [grouped/128x256.ring4]";
 
 #define SKIP_WITHOUT_KERNEL() MOE_SKIP_WITHOUT_CUDA_KERNEL(kBlock)
 
@@ -46,8 +48,8 @@ TEST(FusedMoeSm90GroupedFp8Block, EdgeCasesAndWeightOnInput) {
   SKIP_WITHOUT_KERNEL();
   for (bool on_input : {false, true}) {
     SCOPED_TRACE(on_input ? "weight_on_input" : "weight on the output");
-    const std::vector<CaseResult> results =
-        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64, 300}, on_input));
+    const std::vector<CaseResult> results = check_fused_moe(
+        moe_test::with_configs(moe_test::fp8_cuda_request(Scheme::fp8_block, {1, 8, 64, 300}, on_input), {kBlock, kBlock64}));
     for (const char* k : {kBlock, kBlock64}) moe_test::expect_fp8_kernels_ran(results, k, k, moe_test::block_kernel_may_skip);
   }
 }
@@ -57,8 +59,8 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
   // NOTE: the host reference dominates the run time; T = 48 keeps the test in seconds.
   for (const char* model : {"deepseek-v3", "qwen3-moe", "mixtral"}) {
     SCOPED_TRACE(model);
-    const std::vector<CaseResult> results =
-        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model));
+    const std::vector<CaseResult> results = check_fused_moe(
+        moe_test::with_configs(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model), {kBlock, kBlock64}));
     for (const char* k : {kBlock, kBlock64}) moe_test::expect_fp8_kernels_ran(results, k, k, moe_test::block_kernel_may_skip);
   }
 }
@@ -66,26 +68,26 @@ TEST(FusedMoeSm90GroupedFp8Block, Presets) {
 // The 128 x 256 and 64 x 256 tiles' gemm1 quantizes a in its epilogue, so their workspace holds no
 // f32 a: Tk x I floats less than the 128 x 128 tiles' (the same routing lists, codes and partials
 // otherwise), and the auto kernel asks for that size where it takes them (512 rows per expert: 128 x
-// 256; 32: 64 x 256). The auto kernel's choice needs device tensors (its strategies' supports()
-// check where they live), so that part runs where the CUDA backend is available.
+// 256; 32: 64 x 256). The kernels check that the tensors are on the device, so this needs one.
 TEST(FusedMoeSm90GroupedFp8Block, TmaTileWorkspacesHoldNoF32A) {
-  for (const char* k : {kBlock, kN256, kTma64, "fused_moe_sm90_fp8_block"}) {
-    if (registry().find(k) == nullptr) GTEST_SKIP() << k << " is not compiled in (MOEKIT_CUDA off)";
-  }
+  SKIP_WITHOUT_KERNEL();
   for (int64_t T : {1024, 64}) {
     SCOPED_TRACE("T=" + std::to_string(T));
     MoeProblem prob = make(small_shape(Scheme::fp8_block, T, 4, 2, 256, 256));
-    const FusedMoeParams p = prob.params();
-    auto bytes = [](const char* k, const FusedMoeParams& q) { return registry().find(k)->workspace_bytes(&q); };
+    FusedMoeParams p = prob.params();
+    DeviceMirror dev(Backend::cuda);
+    ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
+    auto bytes = [&p](const char* label) {
+      std::string kernel, config;
+      split_kernel_label(label, &kernel, &config);
+      FusedMoeParams q = p;
+      q.config = config.empty() ? nullptr : config.c_str();
+      return registry().find(kernel)->workspace_bytes(&q);
+    };
     const size_t a_f32 = size_t(T * 2) * 256 * 4;
-    EXPECT_EQ(bytes(kBlock, p) - bytes(kN256, p), a_f32);
-    EXPECT_EQ(bytes(kBlock, p) - bytes(kTma64, p), a_f32);
-    if (registry().backend_available(Backend::cuda).ok()) {
-      FusedMoeParams dp = p;
-      DeviceMirror dev(Backend::cuda);
-      ASSERT_TRUE(mirror_fused_moe(dev, &dp).ok());
-      EXPECT_EQ(bytes("fused_moe_sm90_fp8_block", dp), bytes(T == 1024 ? kN256 : kTma64, p));
-    }
+    EXPECT_EQ(bytes(kBlock) - bytes(kN256), a_f32);
+    EXPECT_EQ(bytes(kBlock) - bytes(kTma64), a_f32);
+    EXPECT_EQ(bytes(kAuto), bytes(T == 1024 ? kN256 : kTma64));
   }
 }
 
@@ -131,7 +133,7 @@ TEST(FusedMoeSm90GroupedFp8Block, F16Activations) {
       shape.weight_on_input = on_input;
       MoeProblem prob = make(shape);
       moe_test::to_f16_activations(&prob);
-      for (const char* k : {kBlock, kBlock64, kBlock64S5, kTma64, kN256, "fused_moe_sm90_fp8_block"}) {
+      for (const char* k : {kBlock, kBlock64, kBlock64S5, kTma64, kN256, kAuto}) {
         SCOPED_TRACE(std::string(k) + " T=" + std::to_string(T));
         moe_test::expect_fp8_cuda_matches_ref(prob, k, k);
       }
@@ -140,12 +142,11 @@ TEST(FusedMoeSm90GroupedFp8Block, F16Activations) {
 }
 
 TEST(FusedMoeSm90GroupedFp8Block, RefusesPerRowScalesAndOddSizes) {
-  for (const char* name : {kBlock, kBlock64, kTma64}) {
-    SCOPED_TRACE(name);
-    const Kernel* k = registry().find(name);
-    if (k == nullptr) GTEST_SKIP() << "not compiled in";
-    moe_test::expect_refuses(*k, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
-    moe_test::expect_refuses(*k, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
+  if (registry().find(kAuto) == nullptr) GTEST_SKIP() << "not compiled in";
+  for (const char* label : {kBlock, kBlock64, kTma64}) {
+    SCOPED_TRACE(label);
+    moe_test::expect_refuses(label, small_shape(Scheme::fp8_channel, 3, 4, 2, 128, 128));
+    moe_test::expect_refuses(label, small_shape(Scheme::fp8_block, 3, 4, 2, 192, 128));
   }
 }
 
@@ -192,9 +193,16 @@ TEST(FusedMoeSm90GroupedFp8Block, Bm64FiveStages) {
   probs.push_back(moe_test::make_g1u0_gelu_expert_map(Scheme::fp8_block, 50, 10, 3, 256, 384));
   probs.push_back(make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256)));
   moe_test::set_zero_and_large_rows(&probs.back());
-  probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440)));
-  probs.push_back(make(small_shape(Scheme::fp8_block, 12, 3, 2, 13440, 256)));
   for (MoeProblem& prob : probs) moe_test::expect_fp8_cuda_matches_ref(prob, kBlock64S5, kBlock64S5);
+  // K = 13440 leaves no room for a fifth stage: gemm1 5 and gemm2 4 deep, then the other way round.
+  MoeProblem long_i = make(small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440));
+  moe_test::expect_fp8_cuda_matches_ref(long_i, "fused_moe_sm90_fp8_block [grouped/64x256.mma5.4]",
+                                        "fused_moe_sm90_fp8_block [grouped/64x256.mma5.4]");
+  MoeProblem long_h = make(small_shape(Scheme::fp8_block, 12, 3, 2, 13440, 256));
+  moe_test::expect_fp8_cuda_matches_ref(long_h, "fused_moe_sm90_fp8_block [grouped/64x256.mma4.5]",
+                                        "fused_moe_sm90_fp8_block [grouped/64x256.mma4.5]");
+  moe_test::expect_refuses("fused_moe_sm90_fp8_block [grouped/64x256.mma5]",
+                           small_shape(Scheme::fp8_block, 12, 3, 2, 256, 13440));
 }
 
 // 64 x 256 TMA tiles: one or two rows per expert, the row counts around the warp rows and the tile
@@ -225,10 +233,8 @@ void expect_256_column_edges_match(const char* k) {
   MoeProblem zl = make(small_shape(Scheme::fp8_block, 30, 5, 2, 256, 256));
   moe_test::set_zero_and_large_rows(&zl);
   moe_test::expect_fp8_cuda_matches_ref(zl, k, k);
-  const Kernel* kernel = registry().find(k);
-  ASSERT_NE(kernel, nullptr);
-  moe_test::expect_device_supports(*kernel, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
-  moe_test::expect_device_supports(*kernel, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
+  moe_test::expect_device_supports(k, small_shape(Scheme::fp8_block, 3, 4, 2, 512, 384), true);
+  moe_test::expect_device_supports(k, small_shape(Scheme::fp8_block, 3, 4, 2, 384, 256), false);  // H % 256
 }
 
 TEST(FusedMoeSm90GroupedFp8Block, Tma64ShapesAndEdges) {
@@ -256,12 +262,12 @@ TEST(FusedMoeSm90GroupedFp8Block, N256Tiles) {
   moe_test::expect_fp8_cuda_matches_ref(longk, kN256, kN256);
   // (The small DeepSeek-V3 preset, H 896, is refused by design, as for the 64 x 256 tiles.)
   auto may_skip = [](const std::string& name, const std::string& detail) {
-    return moe_test::block_kernel_may_skip(name, detail) || detail.find("H % 256 == 0") != std::string::npos;
+    return moe_test::block_kernel_may_skip(name, detail) || detail.find("multiple of 256") != std::string::npos;
   };
   for (const char* model : {"qwen3-moe", "mixtral"}) {
     SCOPED_TRACE(model);
     const std::vector<CaseResult> results =
-        check_fused_moe(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model));
+        check_fused_moe(moe_test::with_configs(moe_test::fp8_cuda_request(Scheme::fp8_block, {48}, false, model), {kN256}));
     moe_test::expect_fp8_kernels_ran(results, kN256, kN256, may_skip);
   }
 }

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "moekit/core/config.h"
 #include "moekit/registry.h"
@@ -183,6 +184,48 @@ TEST(Config, BadValuesNameTheVariableAndValue) {
   EXPECT_NE(c.error.find("MOEKIT_BACKEND='gpu'"), std::string::npos) << c.error;
   EXPECT_NE(c.error.find("MOEKIT_PRINT_DISPATCH='maybe'"), std::string::npos) << c.error;
   EXPECT_NE(c.error.find("MOEKIT_NUM_THREADS='-2'"), std::string::npos) << c.error;
+}
+
+TEST(Config, FusedMoeConfigPerRecipe) {
+  const Config c = parse({{"MOEKIT_FUSED_MOE_CONFIG", "grouped/128x256.ws4,fp8_block:small_m"}});
+  EXPECT_TRUE(c.error.empty()) << c.error;
+  EXPECT_EQ(c.fused_moe_config[fused_moe_config_slot("bf16")], "grouped/128x256.ws4");
+  EXPECT_EQ(c.fused_moe_config[fused_moe_config_slot("fp8_row")], "grouped/128x256.ws4");
+  EXPECT_EQ(c.fused_moe_config[fused_moe_config_slot("fp8_block")], "small_m");
+  const Config bad = parse({{"MOEKIT_FUSED_MOE_CONFIG", "fp16:small_m"}});
+  EXPECT_NE(bad.error.find("MOEKIT_FUSED_MOE_CONFIG='fp16:small_m'"), std::string::npos) << bad.error;
+  EXPECT_EQ(fused_moe_config_slot("fp8"), -1);
+}
+
+// Kernels that take configs: a call with a config may only pick them, and an explicit kernel that
+// takes none is an error naming the config.
+std::vector<std::string> no_configs(const void*) { return {}; }
+TEST(DispatchConfig, AConfigRestrictsTheChoiceToKernelsThatTakeOne) {
+  Registry reg;
+  reg.set_backend_probe(Backend::ref, probe_ok);
+  reg.set_backend_probe(Backend::cpu, probe_ok);
+  Kernel cfg_kernel{"moe_cfg", OpKind::fused_moe, MoeVariant::unquantized, Backend::cpu, "fake", 10, accept_all,
+                    nullptr, run_nothing, variant_bit(MoeVariant::fp8_row), no_configs};
+  reg.add(cfg_kernel);
+  reg.add(Kernel{"moe_plain", OpKind::fused_moe, MoeVariant::unquantized, Backend::cpu, "fake", 20, accept_all, nullptr,
+                 run_nothing});
+  FakeParams p{1};
+  const Kernel* k = nullptr;
+  RunOptions o;
+  ASSERT_TRUE(reg.select_with(Config{}, OpKind::fused_moe, MoeVariant::unquantized, &p, o, "x", &k).ok());
+  EXPECT_STREQ(k->name, "moe_plain");
+  o.config = "small_m";
+  ASSERT_TRUE(reg.select_with(Config{}, OpKind::fused_moe, MoeVariant::unquantized, &p, o, "x", &k).ok());
+  EXPECT_STREQ(k->name, "moe_cfg");
+  // The row serves a second variant; the other has no kernel that takes a config.
+  ASSERT_TRUE(reg.select_with(Config{}, OpKind::fused_moe, MoeVariant::fp8_row, &p, o, "x", &k).ok());
+  EXPECT_STREQ(k->name, "moe_cfg");
+  Status s = reg.select_with(Config{}, OpKind::fused_moe, MoeVariant::fp8_block, &p, o, "x", &k);
+  EXPECT_NE(s.message().find("that takes a config with config 'small_m'"), std::string::npos) << s.message();
+  o.kernel = "moe_plain";
+  s = reg.select_with(Config{}, OpKind::fused_moe, MoeVariant::unquantized, &p, o, "x", &k);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("takes no config, got config 'small_m'"), std::string::npos) << s.message();
 }
 
 TEST(Registry, NamesRoundTrip) {

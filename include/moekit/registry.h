@@ -60,6 +60,10 @@ struct RunOptions {
   void* workspace = nullptr;      // caller workspace (see <op>_workspace_size); may be null for
   size_t workspace_bytes = 0;     //   host kernels, which then get a front-door allocation
   bool deterministic = false;     // fixed-order reductions (also on with MOEKIT_DETERMINISTIC=1)
+  // fused_moe: an explicit config of the kernels that take one (the CUDA sm90 rows; names and rules in
+  // docs/fused_moe_configs.md), e.g. "grouped/64x256.ring5+k2"; overrides MOEKIT_FUSED_MOE_CONFIG and
+  // restricts the choice to those kernels. nullptr or "" = the kernels' own rules.
+  const char* config = nullptr;
 };
 
 // What a kernel's run() receives besides its params.
@@ -80,7 +84,17 @@ struct Kernel {
   Status (*supports)(const void* params);
   size_t (*workspace_bytes)(const void* params);  // nullptr = needs none
   Status (*run)(const void* params, const RunContext& ctx);
+  // fused_moe: variants served besides `variant`, a bit (1 << MoeVariant) each; one row can serve the
+  // router weight on the output and on the input, for instance.
+  uint8_t more_variants = 0;
+  // fused_moe: whether the kernel runs explicit configs (RunOptions::config), and the configs it can
+  // run for a problem (first the one its rules pick); nullptr when it takes none.
+  std::vector<std::string> (*configs)(const void* params) = nullptr;
+
+  bool serves(MoeVariant v) const { return variant == v || (more_variants >> unsigned(v)) & 1u; }
 };
+
+constexpr uint8_t variant_bit(MoeVariant v) { return uint8_t(1u << unsigned(v)); }
 
 // Adapters so kernel files can write typed functions.
 template <class P, Status (*F)(const P&)>

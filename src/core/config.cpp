@@ -1,6 +1,7 @@
 // The only place moekit reads its environment (docs/env.md lists every variable).
 #include "moekit/core/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -22,7 +23,33 @@ bool parse_bool(const char* name, const char* v, bool* out, std::string* err) {
   return true;
 }
 
+// MOEKIT_FUSED_MOE_CONFIG: entries "recipe:name" or "name" (all recipes), comma separated.
+void parse_fused_moe_config(const char* v, Config* c) {
+  const std::string s = v;
+  size_t begin = 0;
+  while (begin <= s.size()) {
+    const size_t end = std::min(s.find(',', begin), s.size());
+    const std::string item = s.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    const std::string name = colon == std::string::npos ? item : item.substr(colon + 1);
+    if (colon == std::string::npos) {
+      for (std::string& slot : c->fused_moe_config) slot = name;
+    } else if (const int slot = fused_moe_config_slot(item.substr(0, colon)); slot >= 0 && !name.empty()) {
+      c->fused_moe_config[slot] = name;
+    } else {
+      c->error += "MOEKIT_FUSED_MOE_CONFIG='" + s + "': entry '" + item +
+                  "' is not name or recipe:name with recipe bf16, fp8_row or fp8_block; ";
+    }
+  }
+}
+
 }  // namespace
+
+int fused_moe_config_slot(const std::string& recipe) {
+  return recipe == "bf16" ? 0 : recipe == "fp8_row" ? 1 : recipe == "fp8_block" ? 2 : -1;
+}
 
 Config parse_config(const std::function<const char*(const char*)>& lookup) {
   Config c;
@@ -46,6 +73,7 @@ Config parse_config(const std::function<const char*(const char*)>& lookup) {
       c.num_threads = int(n);
     }
   }
+  if (const char* v = lookup("MOEKIT_FUSED_MOE_CONFIG"); v && *v) parse_fused_moe_config(v, &c);
   return c;
 }
 

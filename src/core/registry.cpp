@@ -92,7 +92,7 @@ const Kernel* Registry::find(const std::string& name) const {
 std::vector<const Kernel*> Registry::candidates(OpKind op, MoeVariant variant) const {
   std::vector<const Kernel*> out;
   for (const Kernel& k : kernels_) {
-    if (k.op == op && k.variant == variant) out.push_back(&k);
+    if (k.op == op && k.serves(variant)) out.push_back(&k);
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const Kernel* a, const Kernel* b) { return a->priority > b->priority; });
@@ -142,14 +142,19 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
   std::string where = std::string(op_name(op)) +
                       (variant == MoeVariant::none ? "" : std::string(" (variant ") + variant_name(variant) + ")");
 
+  // An explicit config (RunOptions::config) restricts every rule below to the kernels that take one.
+  const bool with_config = opts.config != nullptr && *opts.config;
   // 1. explicit argument
   if (opts.kernel != nullptr && *opts.kernel) {
     const Kernel* k = find(opts.kernel);
     if (k == nullptr) return InvalidArgument("kernel '", opts.kernel, "' does not exist (see `moekit ops`)");
-    if (k->op != op || k->variant != variant) {
+    if (k->op != op || !k->serves(variant)) {
       return InvalidArgument("kernel '", opts.kernel, "' implements ", op_name(k->op),
                              k->variant == MoeVariant::none ? "" : "/", k->variant == MoeVariant::none ? "" : variant_name(k->variant),
                              ", not ", where);
+    }
+    if (with_config && k->configs == nullptr) {
+      return InvalidArgument("kernel '", opts.kernel, "' takes no config, got config '", opts.config, "'");
     }
     Status s = accepts(*this, *k, params);
     if (!s.ok()) return Status(s.code(), std::string("kernel '") + k->name + "' refuses: " + s.message());
@@ -169,7 +174,7 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
       }
     }
     for (const Kernel* k : cands) {
-      if (!list_contains(cfg.force_kernel, k->name)) continue;
+      if (!list_contains(cfg.force_kernel, k->name) || (with_config && k->configs == nullptr)) continue;
       Status s = accepts(*this, *k, params);
       if (!s.ok()) {
         return Status(s.code(), std::string("MOEKIT_FORCE_KERNEL=") + cfg.force_kernel + ": kernel '" +
@@ -186,7 +191,7 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
   std::ostringstream reasons;
   int n = 0;
   for (const Kernel* k : cands) {
-    if (filtered && k->backend != only) continue;
+    if ((filtered && k->backend != only) || (with_config && k->configs == nullptr)) continue;
     ++n;
     Status s = accepts(*this, *k, params);
     if (s.ok()) {
@@ -200,11 +205,13 @@ Status Registry::select_with(const Config& cfg, OpKind op, MoeVariant variant, c
     reasons << "\n  " << k->name << " (" << backend_name(k->backend) << ", priority " << k->priority
             << "): " << s.message();
   }
+  const std::string cfg_note = with_config ? std::string(" with config '") + opts.config + "'" : std::string();
   if (n == 0) {
     return Unsupported("no kernel registered for ", where,
-                       filtered ? std::string(" with MOEKIT_BACKEND=") + cfg.backend : std::string());
+                       filtered ? std::string(" with MOEKIT_BACKEND=") + cfg.backend : std::string(),
+                       with_config ? " that takes a config" + cfg_note : std::string());
   }
-  return Unsupported("no kernel accepts this ", where, " problem [", shape_key, "]:", reasons.str());
+  return Unsupported("no kernel accepts this ", where, " problem [", shape_key, "]", cfg_note, ":", reasons.str());
 }
 
 }  // namespace moekit

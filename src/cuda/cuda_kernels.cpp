@@ -22,12 +22,7 @@ void register_cuda_kernels(Registry& r) {
   register_sort_tokens_sm90(r);
   register_quantize_fp8_sm90(r);
   register_convert_fp8_sm90(r);
-  register_fused_moe_sm90_small_m(r);
-  register_fused_moe_sm90_grouped(r);
-  register_fused_moe_sm90_bf16(r);
-  register_fused_moe_sm90_grouped_fp8(r);
-  register_fused_moe_sm90_grouped_fp8_block(r);
-  register_fused_moe_sm90_fp8(r);
+  register_fused_moe_sm90(r);
 }
 
 }  // namespace moekit::cuda

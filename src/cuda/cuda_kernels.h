@@ -16,12 +16,7 @@ void register_sort_tokens_sm90(Registry& r);
 void register_quantize_fp8_sm90(Registry& r);
 void register_convert_fp8_sm90(Registry& r);
 
-void register_fused_moe_sm90_small_m(Registry& r);
-void register_fused_moe_sm90_grouped(Registry& r);
-void register_fused_moe_sm90_bf16(Registry& r);  // picks one of the two above per problem
-void register_fused_moe_sm90_grouped_fp8(Registry& r);
-void register_fused_moe_sm90_grouped_fp8_block(Registry& r);
-void register_fused_moe_sm90_fp8(Registry& r);  // small_m fp8 or grouped fp8 per problem
+void register_fused_moe_sm90(Registry& r);  // src/ops/fused_moe/fused_moe_sm90.cpp
 
 // Device tensors required: returns unsupported naming the first host tensor.
 

@@ -52,10 +52,10 @@ const Kernel* ref_kernel(MoeVariant v) {
   return nullptr;
 }
 
-CaseResult make_result(const Kernel* k, const std::string& name) {
+CaseResult make_result(const Kernel* k, const std::string& name, const std::string& config = "") {
   CaseResult r;
   r.op = op_name(OpKind::fused_moe);
-  r.kernel = k ? k->name : "-";
+  r.kernel = k ? kernel_config_label(k->name, config) : "-";
   r.backend = k ? backend_name(k->backend) : "-";
   r.name = name;
   return r;
@@ -64,10 +64,11 @@ CaseResult make_result(const Kernel* k, const std::string& name) {
 // Runs kernel k on the problem into its (poisoned) out; returns the status. Kernels of a device
 // backend get device copies of every tensor (DeviceMirror) and device workspace of the size
 // fused_moe_workspace_size reports; out is copied back after the run.
-Status run_kernel(MoeProblem& prob, const Kernel& k) {
+Status run_kernel(MoeProblem& prob, const Kernel& k, const std::string& config = "") {
   prob.out.fill_bytes(0xFF);  // NaN in bf16 / f16 / f32: rows a kernel forgets to write fail
   RunOptions opts;
   opts.kernel = k.name;
+  opts.config = config.empty() ? nullptr : config.c_str();
   FusedMoeParams p = prob.params();
   DeviceMirror dev(k.backend);
   if (!dev.on_device()) return fused_moe(p, opts);
@@ -80,9 +81,46 @@ Status run_kernel(MoeProblem& prob, const Kernel& k) {
   return dev.copy_back();
 }
 
+// The configs kernel k can run for the problem (fused_moe_configs on device copies for device
+// kernels); empty when it refuses the problem.
+std::vector<std::string> configs_of(MoeProblem& prob, const Kernel& k) {
+  std::vector<std::string> names;
+  RunOptions opts;
+  opts.kernel = k.name;
+  FusedMoeParams p = prob.params();
+  DeviceMirror dev(k.backend);
+  if (dev.on_device() && !mirror_fused_moe(dev, &p).ok()) return names;
+  if (!fused_moe_configs(p, opts, &names).ok()) names.clear();
+  return names;
+}
+
+// One run of a case: kernel k by its rules (config empty) or with an explicit config.
+struct KernelRun {
+  const Kernel* k;
+  std::string config;
+};
+
+// The runs of a case: every kernel of the variant by its rules, and the variant's first kernel that
+// takes configs also with each of `configs` (CheckRequest::configs; {"all"}: all it can run).
+std::vector<KernelRun> runs_of(MoeProblem& prob, MoeVariant variant, const std::vector<const Kernel*>& kernels,
+                               const std::vector<std::string>& configs) {
+  std::vector<KernelRun> runs;
+  bool expanded = configs.empty();
+  for (const Kernel* k : kernels) {
+    if (!k->serves(variant)) continue;
+    runs.push_back({k, ""});
+    if (expanded || k->configs == nullptr) continue;
+    expanded = true;
+    const bool all = configs.size() == 1 && configs[0] == "all";
+    if (all && !registry().backend_available(k->backend).ok()) continue;  // the rules' run reports it
+    for (const std::string& c : all ? configs_of(prob, *k) : configs) runs.push_back({k, c});
+  }
+  return runs;
+}
+
 // Every kernel of the problem's variant on one case.
 void run_case(MoeProblem& prob, const std::string& name, const std::vector<const Kernel*>& kernels,
-              std::vector<CaseResult>* results) {
+              const std::vector<std::string>& configs, std::vector<CaseResult>* results) {
   const FusedMoeParams p0 = prob.params();
   const MoeVariant variant = fused_moe_variant(p0);
   const int64_t T = prob.shape.T, H = prob.shape.H;
@@ -90,10 +128,10 @@ void run_case(MoeProblem& prob, const std::string& name, const std::vector<const
   bool have_ref = false;
   Status ref_status;
   int ran = 0;
-  for (const Kernel* k : kernels) {
-    if (k->variant != variant) continue;
+  for (const KernelRun& run : runs_of(prob, variant, kernels, configs)) {
+    const Kernel* k = run.k;
     ++ran;
-    CaseResult r = make_result(k, name);
+    CaseResult r = make_result(k, name, run.config);
     const bool is_ref = k->backend == Backend::ref;
     r.reference = is_ref ? "oracle" : "ref";
     const Status avail = registry().backend_available(k->backend);
@@ -108,6 +146,7 @@ void run_case(MoeProblem& prob, const std::string& name, const std::vector<const
       const std::vector<unsigned char> before = prob.out.bytes;
       RunOptions opts;
       opts.kernel = k->name;
+      opts.config = run.config.empty() ? nullptr : run.config.c_str();
       const Status st = fused_moe(prob.params(), opts);
       r.ok = st.ok() && prob.out.bytes == before;
       r.detail = !st.ok() ? st.to_string() : (r.ok ? "T=0: ok, out untouched" : "T=0: out was written");
@@ -132,7 +171,7 @@ void run_case(MoeProblem& prob, const std::string& name, const std::vector<const
       }
       expected = ref_out;
     }
-    const Status st = run_kernel(prob, *k);
+    const Status st = run_kernel(prob, *k, run.config);
     if (st.code() == StatusCode::unsupported) {
       r.ok = true;
       r.detail = "skipped: " + st.message();
@@ -312,14 +351,14 @@ void run_packed_case(MoeProblem& prob, const std::string& name, const std::vecto
   if (p0.w1.shape[1] % kVnniPanelN != 0 || H % kVnniPanelN != 0) return;
   const Kernel* rk = ref_kernel(variant);
   const bool any = std::any_of(kernels.begin(), kernels.end(),
-                               [&](const Kernel* k) { return k->variant == variant && k->backend != Backend::ref; });
+                               [&](const Kernel* k) { return k->serves(variant) && k->backend != Backend::ref; });
   if (rk == nullptr || !any) return;
   const std::string case_name = name + " weights cpu_vnni2_n32 (packed)";
   const Status rs = run_kernel(prob, *rk);  // reference: the row_major weights
   const std::vector<double> ref_out = rs.ok() ? read_out(prob.params().out) : std::vector<double>();
   const Status ps = rs.ok() ? pack_moe_weights(&prob) : rs;
   for (const Kernel* k : kernels) {
-    if (k->variant != variant || k->backend == Backend::ref) continue;
+    if (!k->serves(variant) || k->backend == Backend::ref) continue;
     CaseResult r = make_result(k, case_name);
     r.reference = "ref (row_major weights)";
     if (!ps.ok()) {
@@ -368,7 +407,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
           results.push_back(r);
           continue;
         }
-        run_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);
+        run_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, req.configs, &results);
         run_packed_case(prob, ec.name + " " + scheme_label(ec.shape), kernels, &results);  // packs prob's weights
       }
     }
@@ -388,7 +427,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
       results.push_back(r);
       continue;
     }
-    run_case(prob, name.str(), kernels, &results);
+    run_case(prob, name.str(), kernels, req.configs, &results);
     run_packed_case(prob, name.str(), kernels, &results);  // last: it packs prob's weights
   }
   return results;
@@ -433,10 +472,26 @@ struct DeviceMoeBench : BenchProblem {
   Status routing_status;
 #endif
 
+  std::string config;  // RunOptions::config of launch() (set_config), empty: the kernel's rules
+
+  Status set_config(const std::string& c) override {
+    RunOptions o;
+    o.kernel = kernel_name.c_str();
+    o.config = c.empty() ? nullptr : c.c_str();
+    size_t need = 0;
+    MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(dev[0], o, &need));
+    if (need > workspace_bytes) {
+      MOEKIT_RETURN_IF_ERROR(mirror.scratch(need, &workspace));
+      workspace_bytes = need;
+    }
+    config = c;
+    return Status::Ok();
+  }
   Status launch(void* stream, int set) override {
     if (set < 0 || set >= int(dev.size())) return InvalidArgument("set: must be in [0, ", dev.size(), "), got ", set);
     RunOptions o;
     o.kernel = kernel_name.c_str();
+    o.config = config.empty() ? nullptr : config.c_str();
     o.stream = stream;
     o.workspace = workspace;
     o.workspace_bytes = workspace_bytes;
@@ -508,7 +563,7 @@ MoeVariant variant_of(const MoeShape& s) {
 bool bench_applies_fused_moe(const BenchRequest& req, const Kernel& k) {
   MoeShape s;
   if (!resolve_shape(req.shape, 1, &s).ok()) return true;  // let prepare_bench report the error
-  return k.op == OpKind::fused_moe && k.variant == variant_of(s);
+  return k.op == OpKind::fused_moe && k.serves(variant_of(s));
 }
 
 namespace {
@@ -685,6 +740,7 @@ Status prepare_device(const MoeShape& s, uint64_t seed, const Kernel& k, std::un
   RunOptions o;
   o.kernel = b->kernel_name.c_str();
   MOEKIT_RETURN_IF_ERROR(fused_moe_workspace_size(b->dev[0], o, &b->workspace_bytes));
+  if (k.configs != nullptr) MOEKIT_RETURN_IF_ERROR(fused_moe_configs(b->dev[0], o, &b->configs));
   MOEKIT_RETURN_IF_ERROR(b->mirror.scratch(b->workspace_bytes, &b->workspace));
   *out = std::move(b);
   return Status::Ok();
@@ -696,7 +752,7 @@ Status bench_fused_moe(const BenchRequest& req, int64_t tokens, const Kernel& k,
   MoeShape s;
   MOEKIT_RETURN_IF_ERROR(resolve_shape(req.shape, tokens, &s));
   const MoeVariant v = variant_of(s);
-  if (k.op != OpKind::fused_moe || k.variant != v) {
+  if (k.op != OpKind::fused_moe || !k.serves(v)) {
     return Unsupported("kernel ", k.name, " implements ", op_name(k.op), "/", variant_name(k.variant),
                        ", the problem (scheme ", scheme_name(s.scheme), ") needs fused_moe/", variant_name(v));
   }

@@ -7,6 +7,17 @@
 
 namespace moekit::testing {
 
+std::string kernel_config_label(const std::string& kernel, const std::string& config) {
+  return config.empty() ? kernel : kernel + " [" + config + "]";
+}
+
+void split_kernel_label(const std::string& label, std::string* kernel, std::string* config) {
+  const size_t open = label.find(" [");
+  const bool has = open != std::string::npos && !label.empty() && label.back() == ']';
+  *kernel = has ? label.substr(0, open) : label;
+  *config = has ? label.substr(open + 2, label.size() - open - 3) : std::string();
+}
+
 // ---------------------------------------------------------------- Buffer
 Buffer::Buffer(DType dtype, std::initializer_list<int64_t> shape)
     : Buffer(dtype, std::vector<int64_t>(shape)) {}

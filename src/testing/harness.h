@@ -178,7 +178,16 @@ struct CheckRequest {
   bool has_backend = false;     // restrict to kernels of this backend
   Backend backend = Backend::ref;
   bool edge_cases = true;       // also run the op's named edge cases
+  // fused_moe: configs (RunOptions::config names) the variant's first kernel that takes configs also
+  // runs besides its rules, one result each labelled kernel_config_label(); {"all"}: every config it
+  // can run for the case.
+  std::vector<std::string> configs;
 };
+
+// "kernel [config]", the CaseResult::kernel of a kernel run with an explicit config ("kernel" alone
+// without one); split_kernel_label undoes it.
+std::string kernel_config_label(const std::string& kernel, const std::string& config);
+void split_kernel_label(const std::string& label, std::string* kernel, std::string* config);
 
 // One prepared benchmark problem: owns its data, run() launches the kernel once.
 //
@@ -201,6 +210,13 @@ struct BenchProblem {
     (void)stream;
     (void)set;
     return Unsupported("this benchmark problem has no device launch");
+  }
+  // fused_moe device problems of a kernel that takes configs: the configs it can run here, its own
+  // pick first (empty otherwise); set_config makes launch() run one (workspace grown as needed).
+  std::vector<std::string> configs;
+  virtual Status set_config(const std::string& config) {
+    (void)config;
+    return Unsupported("this benchmark problem takes no config");
   }
   // Median time in us of the op's unfused baseline on the same device sets (fused_moe: the cuBLAS
   // path of src/cuda/moe_baseline_cublas.h), timed like launch() with the L2 flush `l2` (the one the

@@ -171,7 +171,7 @@ def test_layer_matches_hf_block(family, dtype, device):
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_layer_fp8_close_to_hf_block(family, quant, device):
     if device == "cuda" and quant == "fp8_block" and family == "mixtral":
-        # fused_moe_sm90_grouped_fp8_block takes H and I multiples of 128; this Mixtral block has I 192.
+        # the fp8 block kernels take H and I multiples of 128; this Mixtral block has I 192.
         pytest.skip("the CUDA fp8 block-scale kernel needs I % 128 == 0 (this block: I = 192)")
     block = make_block(family, seed=7).to(device=device, dtype=torch.bfloat16)
     H = block.experts.hidden_dim

@@ -39,6 +39,7 @@ struct TimingPlan {
   int64_t iters = 0;   // fixed number of samples (0 = adaptive: >= 30 samples and >= 0.2 s)
   int64_t warmup = 3;  // untimed runs before the first sample
   L2Flush l2 = L2Flush::write;  // CUDA rows: --l2 flushed (write) | clean
+  bool baseline = true;         // fused_moe CUDA rows: also time the unfused cuBLAS baseline
 };
 
 struct Row {
@@ -55,6 +56,8 @@ struct Row {
   std::string kernel_chosen;    // device rows: the kernel the op's own dispatch picks for the problem
   std::string compare_kernel;   // --compare: the other backend's kernel timed on the same problem
   double compare_us = NAN;
+  std::string config;           // --config: the config this row ran (kernel is "name [config]")
+  bool config_picked = false;   //   whether it is the one the kernel's rules pick for the problem
 };
 
 // Default number of timed graph replays of a device row (the peer's harness takes 30).
@@ -152,25 +155,10 @@ void time_one(const testing::OpHarness& h, const testing::BenchRequest& br, cons
 
 // Device rows: one prepared problem with its rotating input sets, timed by CUDA-graph replay
 // (DeviceOps::time_graph); fused_moe rows also get the baseline (cached per problem).
-void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, const Kernel& k,
-                 const TimingPlan& plan, BaselineCache* baselines, Row* row) {
-  std::unique_ptr<testing::BenchProblem> p;
-  Status s = h.prepare_bench(br, row->tokens, k, &p);
-  if (s.ok() && p == nullptr) s = Internal("prepare_bench returned no problem");
-  if (!s.ok()) {
-    row->status = s.code() == StatusCode::unsupported ? "skipped" : "error";
-    row->reason = s.message();
-    return;
-  }
-  row->flops = p->flops;
-  row->bytes = p->bytes;
-  row->shape = p->shape;
-  if (p->sets <= 0) {
-    row->status = "skipped";
-    row->reason = std::string("the bench hook of ") + op_name(k.op) +
-                  " has no device path yet (it prepared a host problem for a device kernel)";
-    return;
-  }
+// Times the prepared device problem p (its current config) into row: median of CUDA-graph replays,
+// and for fused_moe the unfused baseline of the same shape (measured once per shape).
+void time_prepared(testing::BenchProblem& p, const Kernel& k, const TimingPlan& plan, BaselineCache* baselines,
+                   Row* row) {
   const DeviceOps* ops = registry().device_ops(k.backend);
   if (ops == nullptr || ops->time_graph == nullptr) {
     row->status = "error";
@@ -180,10 +168,10 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   const int iters = plan.iters > 0 ? int(plan.iters) : kDeviceIters;
   const int warmup = int(std::max<int64_t>(1, plan.warmup));
   std::vector<double> us;
-  s = ops->time_graph([&](void* stream, int set) { return p->launch(stream, set); }, p->sets, warmup, iters,
-                      plan.l2, k.name, &us);
+  const Status s = ops->time_graph([&](void* stream, int set) { return p.launch(stream, set); }, p.sets, warmup,
+                                   iters, plan.l2, k.name, &us);
   if (!s.ok() || us.empty()) {
-    row->status = "error";
+    row->status = s.code() == StatusCode::unsupported ? "skipped" : "error";
     row->reason = s.ok() ? "time_graph returned no sample" : s.to_string();
     return;
   }
@@ -191,18 +179,65 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
   row->time_us = us[us.size() / 2];
   row->samples = int64_t(us.size());
   row->batch = 1;
-  row->copies = p->sets;
+  row->copies = p.sets;
   row->cache = plan.l2 == L2Flush::clean ? "flushed-clean" : "flushed";
-  row->kernel_chosen = p->kernel_chosen;
-  if (k.op != OpKind::fused_moe) return;
+  row->kernel_chosen = p.kernel_chosen;
+  if (k.op != OpKind::fused_moe || !plan.baseline) return;
   auto it = baselines->find(row->shape);
   if (it == baselines->end()) {
     double b = NAN;
-    const Status bs = p->baseline(warmup, iters, plan.l2, &b);
+    const Status bs = p.baseline(warmup, iters, plan.l2, &b);
     it = baselines->emplace(row->shape, std::make_pair(bs.ok() ? b : NAN, bs.ok() ? "" : bs.to_string())).first;
   }
   row->baseline_us = it->second.first;
   row->baseline_reason = it->second.second;
+}
+
+// One problem of a device kernel: a row by its rules, or with `configs` (--config; {"all"}: every
+// config the kernel can run for it) one row per config, the problem prepared once.
+void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, const Kernel& k,
+                 const TimingPlan& plan, BaselineCache* baselines, const std::vector<std::string>& configs,
+                 const Row& proto, std::vector<Row>* out) {
+  Row row = proto;
+  std::unique_ptr<testing::BenchProblem> p;
+  Status s = h.prepare_bench(br, row.tokens, k, &p);
+  if (s.ok() && p == nullptr) s = Internal("prepare_bench returned no problem");
+  if (!s.ok()) {
+    row.status = s.code() == StatusCode::unsupported ? "skipped" : "error";
+    row.reason = s.message();
+    out->push_back(row);
+    return;
+  }
+  row.flops = p->flops;
+  row.bytes = p->bytes;
+  row.shape = p->shape;
+  if (p->sets <= 0) {
+    row.status = "skipped";
+    row.reason = std::string("the bench hook of ") + op_name(k.op) +
+                 " has no device path yet (it prepared a host problem for a device kernel)";
+    out->push_back(row);
+    return;
+  }
+  if (configs.empty() || k.configs == nullptr) {
+    time_prepared(*p, k, plan, baselines, &row);
+    out->push_back(row);
+    return;
+  }
+  const bool all = configs.size() == 1 && configs[0] == "all";
+  for (const std::string& c : all ? p->configs : configs) {
+    Row r = row;
+    r.kernel = testing::kernel_config_label(k.name, c);
+    r.config = c;
+    r.config_picked = !p->configs.empty() && c == p->configs.front();
+    const Status cs = p->set_config(c);
+    if (!cs.ok()) {
+      r.status = cs.code() == StatusCode::unsupported ? "skipped" : "error";
+      r.reason = cs.message();
+    } else {
+      time_prepared(*p, k, plan, baselines, &r);
+    }
+    out->push_back(r);
+  }
 }
 
 // Floors in microseconds (NAN when the peak is unknown).
@@ -260,6 +295,35 @@ void print_row(const Row& r, bool with_baseline) {
   std::fflush(stdout);
 }
 
+// The rows as CSV, one column per key of the first row (strings quoted where they hold a comma or a
+// quote; null as empty), for `--csv` (the recorded config sweeps of docs/data/).
+Status write_csv(const std::string& path, const nlohmann::json& rows) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return InvalidArgument("--csv: cannot write '", path, "'");
+  std::vector<std::string> keys;
+  if (!rows.empty()) {
+    for (auto it = rows[0].begin(); it != rows[0].end(); ++it) keys.push_back(it.key());
+  }
+  auto cell = [](const nlohmann::json& v) {
+    if (v.is_null()) return std::string();
+    std::string t = v.is_string() ? v.get<std::string>() : v.dump();
+    if (t.find_first_of(",\"\n") == std::string::npos) return t;
+    std::string q = "\"";
+    for (char c : t) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  for (size_t i = 0; i < keys.size(); ++i) std::fprintf(f, "%s%s", i ? "," : "", keys[i].c_str());
+  std::fprintf(f, "\n");
+  for (const nlohmann::json& r : rows) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::fprintf(f, "%s%s", i ? "," : "", cell(r.contains(keys[i]) ? r[keys[i]] : nlohmann::json()).c_str());
+    }
+    std::fprintf(f, "\n");
+  }
+  const bool ok = std::fclose(f) == 0;
+  return ok ? Status::Ok() : InvalidArgument("--csv: writing '", path, "' failed");
+}
+
 nlohmann::json to_json(const Row& r) {
   const bool ok = r.status == "ok";
   const double s = r.time_us * 1e-6;
@@ -277,7 +341,8 @@ nlohmann::json to_json(const Row& r) {
           {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason},
           {"kernel_chosen", r.kernel_chosen}, {"compare_kernel", r.compare_kernel},
           {"compare_us", ok ? or_null(r.compare_us) : nullptr},
-          {"speedup", ok ? or_null(r.compare_us / r.time_us) : nullptr}};
+          {"speedup", ok ? or_null(r.compare_us / r.time_us) : nullptr}, {"config", r.config},
+          {"config_picked", r.config_picked}};
 }
 
 }  // namespace
@@ -295,6 +360,7 @@ int run_bench(const BenchArgs& a) {
   if (s.ok()) s = parse_problem_set(a.shape, 1, &problems);
   if (s.ok() && !a.iters.empty()) s = parse_int("--iters", a.iters, 1, 1000000, &plan.iters);
   if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
+  plan.baseline = !a.no_baseline;
   if (s.ok() && a.l2 == "clean") {
     plan.l2 = L2Flush::clean;
   } else if (s.ok() && a.l2 != "flushed") {
@@ -331,6 +397,11 @@ int run_bench(const BenchArgs& a) {
       s = InvalidArgument("--kernel: no kernel '", name, "' of the selected op / backend (", known, ")");
       break;
     }
+  }
+  // --config: names for the kernels that take configs, or "all" (docs/fused_moe_configs.md).
+  const std::vector<std::string> configs = split_commas(a.configs);
+  if (s.ok() && configs.size() > 1 && std::find(configs.begin(), configs.end(), "all") != configs.end()) {
+    s = InvalidArgument("--config: 'all' stands alone, got '", a.configs, "'");
   }
   if (problems.tokens.empty()) problems.tokens = {1, 8, 64, 512};
   // Before anything is allocated (the host measurement included): the largest problem must fit.
@@ -419,27 +490,28 @@ int run_bench(const BenchArgs& a) {
             r.floors = b == Backend::cuda ? device_floors(ms.scheme) : host_floors(host, ms.scheme);
             if (peak_gbps > 0) r.floors.gbps = {peak_gbps, "--peak-gbps"};
             if (peak_gflops > 0) r.floors.gflops = {peak_gflops, "--peak-gflops"};
+            std::vector<Row> out;
             if (registry().device_ops(b) != nullptr) {
-              time_device(*h, br, *k, plan, &baselines, &r);
+              time_device(*h, br, *k, plan, &baselines, configs, r, &out);
             } else {
               time_one(*h, br, *k, plan, &r);
               // --compare: the first kernel of the other backend that computes the same problem.
               for (const Kernel* c : comparing && r.status == "ok" && b != compare ? kernels_of(op, compare)
                                                                                    : std::vector<const Kernel*>{}) {
-                if (c->variant != k->variant || (h->bench_applies != nullptr && !h->bench_applies(br, *c))) continue;
+                if (!c->serves(k->variant) || (h->bench_applies != nullptr && !h->bench_applies(br, *c))) continue;
                 Row cr = r;
                 time_one(*h, br, *c, plan, &cr);
                 r.compare_kernel = c->name;
                 r.compare_us = cr.status == "ok" ? cr.time_us : NAN;
                 break;
               }
+              out.push_back(r);
             }
-            ran += r.status == "ok";
-            errors += r.status == "error";
-            if (a.json) {
-              rows.push_back(to_json(r));
-            } else {
-              print_row(r, cuda_rows);
+            for (const Row& o : out) {
+              ran += o.status == "ok";
+              errors += o.status == "error";
+              if (a.json || !a.csv.empty()) rows.push_back(to_json(o));
+              if (!a.json) print_row(o, cuda_rows);
             }
           }
         }
@@ -447,6 +519,10 @@ int run_bench(const BenchArgs& a) {
     }
   }
   if (a.json) std::printf("%s\n", rows.dump(2).c_str());
+  if (!a.csv.empty()) {
+    const Status cs = write_csv(a.csv, rows);
+    if (!cs.ok()) return report_error("bench", cs);
+  }
   if (ran == 0) {
     std::fprintf(stderr, "moekit bench: nothing was benchmarked (no kernel of the selected op/backend accepted "
                          "a problem; see the skipped rows)\n");

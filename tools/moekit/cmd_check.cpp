@@ -123,6 +123,7 @@ int run_check(const CheckArgs& a) {
         req.has_backend = true;
         req.backend = b;
         req.edge_cases = !a.no_edge_cases && i == 0;
+        req.configs = split_commas(a.configs);
         for (testing::CaseResult& r : h->check(req)) {
           if (r.op.empty()) r.op = op_name(op);
           if (r.backend.empty()) r.backend = backend_name(b);

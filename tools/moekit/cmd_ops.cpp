@@ -40,6 +40,19 @@ int kernel_count(OpKind op) {
   return n;
 }
 
+// The variants a kernel serves: "fp8_row+fp8_row_tkw1", or "all" for the four fused_moe variants.
+std::string variants_of(const Kernel& k) {
+  if (k.more_variants == 0) return variant_name(k.variant);
+  std::string out;
+  int n = 0;
+  for (MoeVariant v : {MoeVariant::unquantized, MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1, MoeVariant::fp8_block}) {
+    if (!k.serves(v)) continue;
+    out += (out.empty() ? "" : "+") + std::string(variant_name(v));
+    ++n;
+  }
+  return n == 4 ? "all" : out;
+}
+
 int print_json() {
   nlohmann::json j;
   j["version"] = MOEKIT_VERSION;
@@ -67,7 +80,8 @@ int print_json() {
     const Status s = registry().backend_available(k.backend);
     j["kernels"].push_back({{"name", k.name},
                             {"op", op_name(k.op)},
-                            {"variant", variant_name(k.variant)},
+                            {"variant", variants_of(k)},
+                            {"takes_config", k.configs != nullptr},
                             {"backend", backend_name(k.backend)},
                             {"recipe", k.recipe},
                             {"priority", k.priority},
@@ -99,7 +113,7 @@ int print_table() {
               "available", "recipe");
   for (const Kernel& k : registry().kernels()) {
     const Status s = registry().backend_available(k.backend);
-    std::printf("  %-34s %-18s %-13s %-7s %-4d %-11s %s\n", k.name, op_name(k.op), variant_name(k.variant),
+    std::printf("  %-34s %-18s %-13s %-7s %-4d %-11s %s\n", k.name, op_name(k.op), variants_of(k).c_str(),
                 backend_name(k.backend), k.priority, s.ok() ? "yes" : "no", k.recipe);
     if (!s.ok()) std::printf("  %-34s   not available: %s\n", "", s.message().c_str());
   }

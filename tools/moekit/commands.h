@@ -46,6 +46,7 @@ struct CheckArgs {
   std::string backend = "all";  // --backend NAME|all
   ShapeFlags shape;
   bool no_edge_cases = false;
+  std::string configs;  // --config NAME[,NAME]|all (fused_moe)
   bool json = false;
 };
 
@@ -63,6 +64,9 @@ struct BenchArgs {
   bool fp8_dispatch = false;    // --fp8-dispatch (with --ep): x rows travel as fp8 + row scales
   bool row_major_weights = false;  // --row-major-weights: time CPU kernels on unpacked weights
   std::string kernels;             // --kernel: only these kernels (comma separated names); empty = all
+  std::string configs;             // --config: fused_moe configs (comma separated) or all; empty = rules
+  std::string csv;                 // --csv PATH: also write the rows as CSV
+  bool no_baseline = false;        // --no-baseline: skip the unfused cuBLAS baseline (A/B runs, sweeps)
   bool json = false;
 };
 

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--backend", check.backend, "ref, cpu, cuda or all (default: all)")->type_name("NAME");
   add_shape_flags(check_cmd, &check.shape);
   check_cmd->add_flag("--no-edge-cases", check.no_edge_cases, "Skip the named edge cases");
+  check_cmd->add_option("--config", check.configs,
+                        "fused_moe: also run these configs (comma separated) on each variant's first kernel that "
+                        "takes configs, or every config it can run for each case (all)");
   check_cmd->add_flag("--json", check.json, "Print a JSON array of cases instead of the table");
 
   BenchArgs bench;
@@ -83,6 +86,12 @@ int main(int argc, char** argv) {
       "Arithmetic rate for the floor, GFLOP/s (default: measured)")
       ->type_name("Y");
   bench_cmd->add_option("--kernel", bench.kernels, "Only these kernels (names, comma separated, each a kernel of the selected op and backends; default: every kernel of the backends)");
+  bench_cmd->add_option("--config", bench.configs,
+                        "fused_moe: time the kernels that take configs with these (names, comma separated; see "
+                        "docs/fused_moe_configs.md), or with every config they can run for each problem (all)");
+  bench_cmd->add_option("--csv", bench.csv, "Also write the rows to this CSV file");
+  bench_cmd->add_flag("--no-baseline", bench.no_baseline,
+                      "fused_moe on CUDA: do not time the unfused cuBLAS baseline (faster A/B runs and sweeps)");
   bench_cmd->add_flag("--row-major-weights", bench.row_major_weights,
                      "CPU fused_moe: keep the weights row_major (default: packed once at setup, see docs/cli.md)");
   bench_cmd->add_option("--compare", bench.compare,

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moekit/core/tensor_view.h"
 #include "moekit/registry.h"
@@ -64,6 +65,9 @@ struct FusedMoeParams {
   bool round_intermediate = true; // unquantized: round a to x's dtype before the down projection
                                   //   (what bf16 GPU kernels do); false keeps it in f32. fp8
                                   //   variants ignore it (a is re-quantized to fp8).
+  const char* config = nullptr;   // set by the front door (fused_moe etc.) from RunOptions::config or
+                                  //   MOEKIT_FUSED_MOE_CONFIG for the kernels that take configs; a
+                                  //   caller's value is replaced
 };
 
 // The variant SPEC 6 picks for these params (validation is separate).
@@ -78,6 +82,10 @@ Status fused_moe_workspace_size(const FusedMoeParams& p, const RunOptions& opts,
 // The name of the kernel fused_moe would run for p and opts (the registry's rule, MOEKIT_* env
 // included), without running it: what an engine logs ("which kernel runs"). Same checks as above.
 Status fused_moe_kernel_name(const FusedMoeParams& p, const RunOptions& opts, std::string* name);
+// The configs (RunOptions::config names) the kernel fused_moe would run for p can run, the one it
+// would run first (its rules' pick, or the explicit config resolved); empty when that kernel takes
+// no configs (docs/fused_moe_configs.md). Same checks as fused_moe_workspace_size.
+Status fused_moe_configs(const FusedMoeParams& p, const RunOptions& opts, std::vector<std::string>* names);
 
 // Shape facts derived from validated params.
 struct MoeDims {

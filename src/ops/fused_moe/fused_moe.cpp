@@ -10,7 +10,9 @@
 
 #include "core/check.h"
 #include "moekit/ops/fused_moe.h"
+#include "moekit/core/config.h"
 #include "moekit/ops/layout.h"
+#include "ops/fused_moe/fused_moe_sm90_config.h"
 
 namespace moekit {
 
@@ -306,6 +308,33 @@ std::string shape_key(const FusedMoeParams& p) {
   return os.str();
 }
 
+// The call with its explicit config (RunOptions::config, else MOEKIT_FUSED_MOE_CONFIG's entry for the
+// variant's recipe) in both the params and the options, the name's syntax checked before dispatch.
+struct ConfiguredCall {
+  FusedMoeParams p;
+  RunOptions opts;
+};
+Status configure(const FusedMoeParams& p, const RunOptions& opts, ConfiguredCall* out) {
+  out->p = p;
+  out->opts = opts;
+  const MoeVariant v = fused_moe_variant(p);
+  const Sm90Recipe recipe = v == MoeVariant::unquantized ? Sm90Recipe::bf16
+                            : v == MoeVariant::fp8_block ? Sm90Recipe::fp8_block
+                                                         : Sm90Recipe::fp8_row;
+  const char* cfg = opts.config;
+  if (cfg == nullptr || *cfg == '\0') {
+    const std::string& env = config().fused_moe_config[int(recipe)];
+    cfg = env.empty() ? nullptr : env.c_str();  // config() lives for the process
+  }
+  out->p.config = cfg;
+  out->opts.config = cfg;
+  if (cfg == nullptr) return Status::Ok();
+  Sm90ConfigRequest req;
+  std::string why;
+  if (!parse_sm90_config(cfg, recipe, &req, &why)) return InvalidArgument(why);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate_fused_moe(const FusedMoeParams& p) {
@@ -316,22 +345,40 @@ Status validate_fused_moe(const FusedMoeParams& p) {
 Status fused_moe(const FusedMoeParams& p, const RunOptions& opts) {
   MOEKIT_RETURN_IF_ERROR(validate_fused_moe(p));
   if (p.x.shape[0] == 0) return Status::Ok();  // T = 0: nothing to launch, out untouched
-  return dispatch(OpKind::fused_moe, fused_moe_variant(p), &p, opts, shape_key(p));
+  ConfiguredCall c;
+  MOEKIT_RETURN_IF_ERROR(configure(p, opts, &c));
+  return dispatch(OpKind::fused_moe, fused_moe_variant(p), &c.p, c.opts, shape_key(p));
 }
 
 Status fused_moe_workspace_size(const FusedMoeParams& p, const RunOptions& opts, size_t* bytes) {
   if (bytes == nullptr) return InvalidArgument("bytes: output pointer is null");
   *bytes = 0;
   MOEKIT_RETURN_IF_ERROR(validate_meta(p));
-  return dispatch_workspace_size(OpKind::fused_moe, fused_moe_variant(p), &p, opts, shape_key(p), bytes);
+  ConfiguredCall c;
+  MOEKIT_RETURN_IF_ERROR(configure(p, opts, &c));
+  return dispatch_workspace_size(OpKind::fused_moe, fused_moe_variant(p), &c.p, c.opts, shape_key(p), bytes);
 }
 
 Status fused_moe_kernel_name(const FusedMoeParams& p, const RunOptions& opts, std::string* name) {
   if (name == nullptr) return InvalidArgument("name: output pointer is null");
   MOEKIT_RETURN_IF_ERROR(validate_meta(p));
+  ConfiguredCall c;
+  MOEKIT_RETURN_IF_ERROR(configure(p, opts, &c));
   const Kernel* k = nullptr;
-  MOEKIT_RETURN_IF_ERROR(registry().select(OpKind::fused_moe, fused_moe_variant(p), &p, opts, shape_key(p), &k));
+  MOEKIT_RETURN_IF_ERROR(registry().select(OpKind::fused_moe, fused_moe_variant(p), &c.p, c.opts, shape_key(p), &k));
   *name = k->name;
+  return Status::Ok();
+}
+
+Status fused_moe_configs(const FusedMoeParams& p, const RunOptions& opts, std::vector<std::string>* names) {
+  if (names == nullptr) return InvalidArgument("names: output pointer is null");
+  names->clear();
+  MOEKIT_RETURN_IF_ERROR(validate_meta(p));
+  ConfiguredCall c;
+  MOEKIT_RETURN_IF_ERROR(configure(p, opts, &c));
+  const Kernel* k = nullptr;
+  MOEKIT_RETURN_IF_ERROR(registry().select(OpKind::fused_moe, fused_moe_variant(p), &c.p, c.opts, shape_key(p), &k));
+  if (k->configs != nullptr) *names = k->configs(&c.p);
   return Status::Ok();
 }
 

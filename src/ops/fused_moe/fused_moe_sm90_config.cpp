@@ -42,13 +42,16 @@ Sm90Config small_m(Sm90Recipe r) {
   return c;
 }
 
+// The pipeline depth a tile's kernels are compiled with (the block mma tiles: 4, or 5 by D11).
+int tile_stages(const Sm90Config& c) {
+  if (c.mainloop == Sm90Mainloop::ring) return c.tile_m == 64 ? 5 : (c.tile_n == 128 ? 7 : 4);
+  return c.mainloop == Sm90Mainloop::ws && c.tile_m == 192 ? 3 : 4;
+}
+
 // The tile's pipeline depth; the block mma tiles' per gemm by D11.
 void set_stages(const Sm90Problem& p, const DeviceFacts& dev, Sm90Config* c) {
   if (c->strategy == Sm90Strategy::small_m) return;
-  int s = 4;
-  if (c->mainloop == Sm90Mainloop::ring) s = c->tile_m == 64 ? 5 : (c->tile_n == 128 ? 7 : 4);
-  if (c->mainloop == Sm90Mainloop::ws && c->tile_m == 192) s = 3;
-  c->stages[0] = c->stages[1] = s;
+  c->stages[0] = c->stages[1] = tile_stages(*c);
   if (c->recipe == Sm90Recipe::fp8_block && c->mainloop == Sm90Mainloop::mma) {
     const Fp8BlockMmaStages st = fp8_block_mma_gemm_stages(cuda::fused_moe_sm90_grouped_tiles_max(p.tk(), p.E, 64),
                                                            p.H, p.I, p.g1u1, false, dev.sm_count);
@@ -140,6 +143,81 @@ Sm90Config pick_grouped(const Sm90Problem& p) {
   return grouped(p.recipe, 128, 256, Sm90Mainloop::ws);
 }
 
+// The most gemm2 K ranges a tile's kernels are run with (the ranges its tests cover): the ws tiles
+// 2, the 64 x 256 ring 4, the others 1 (design 3.3).
+int max_splits(const Sm90Config& c) {
+  if (c.mainloop == Sm90Mainloop::ws) return 2;
+  return c.mainloop == Sm90Mainloop::ring && c.tile_m == 64 ? 4 : 1;
+}
+
+const char* recipe_name(Sm90Recipe r) {
+  switch (r) {
+    case Sm90Recipe::fp8_row: return "fp8_row";
+    case Sm90Recipe::fp8_block: return "fp8_block";
+    case Sm90Recipe::bf16: break;
+  }
+  return "bf16";
+}
+
+std::string family_list(const Sm90Problem& p) {
+  std::string s;
+  for (const Sm90Config& f : grouped_families(p)) {
+    s += (s.empty() ? "" : ", ") + std::to_string(f.tile_m) + "x" + std::to_string(f.tile_n) + "." +
+         mainloop_name(f.mainloop);
+  }
+  return s.empty() ? "none" : s;
+}
+
+// Why c's tile does not take p (it is not among grouped_families(p)).
+std::string tile_refusal(const Sm90Problem& p, const Sm90Config& c) {
+  const std::string at = ", got H = " + std::to_string(p.H) + ", I = " + std::to_string(p.I);
+  Sm90Problem any = p;  // a shape every tile of the recipe takes
+  any.H = any.I = 512;
+  bool compiled = false;
+  for (const Sm90Config& f : grouped_families(any)) {
+    compiled |= f.tile_m == c.tile_m && f.tile_n == c.tile_n && f.mainloop == c.mainloop;
+  }
+  if (!compiled) return std::string("not a tile of the ") + recipe_name(p.recipe) + " kernels (they have " + family_list(any) + ")";
+  const int64_t slice = p.recipe == Sm90Recipe::bf16 ? 64 : 128;
+  if (p.H % slice != 0 || p.I % slice != 0) return "H and I must be multiples of " + std::to_string(slice) + at;
+  if (c.mainloop == Sm90Mainloop::mma) {
+    return "the 64-row block tiles stage K / 128 scales in shared memory: max(H, I) must be <= " +
+           std::to_string(cuda::fused_moe_sm90_grouped_fp8_block_bm64_max_k()) + at;
+  }
+  return std::string("the 256-column ring tiles need H a multiple of 256 and I a multiple of ") +
+         (p.g1u1 ? "128" : "256") + at;
+}
+
+// Why config c (of a tile that takes p's shape) cannot run p; empty when it can. Stages: the tile's
+// compiled depth (the block mma tiles 4 or 5 per gemm, 5 where K's scales fit beside them);
+// schedules: the bf16 ws tiles either per gemm, the others their one; K ranges: 1..max_splits, at
+// most one per K slice of gemm2.
+std::string illegal(const Sm90Problem& p, const Sm90Config& c) {
+  if (c.recipe == Sm90Recipe::fp8_block && c.mainloop == Sm90Mainloop::mma) {
+    const int64_t K[2] = {p.H, p.I};
+    for (int g = 0; g < 2; ++g) {
+      if (c.stages[g] != 4 && c.stages[g] != 5) return "the 64-row block tiles run 4 or 5 stages";
+      if (c.stages[g] == 5 && fp8_block_mma_stages(K[g], 0, true, 1) != 5) {
+        return "5 stages leave no room for the K / 128 scales of gemm" + std::to_string(g + 1) + " (K = " +
+               std::to_string(K[g]) + ")";
+      }
+    }
+  } else if (c.stages[0] != tile_stages(c) || c.stages[1] != tile_stages(c)) {
+    return "this tile runs " + std::to_string(tile_stages(c)) + " stages";
+  }
+  const bool bf16_ws = c.recipe == Sm90Recipe::bf16 && c.mainloop == Sm90Mainloop::ws;
+  Sm90Config g = grouped(c.recipe, c.tile_m, c.tile_n, c.mainloop);
+  for (int i = 0; i < 2; ++i) {
+    if (bf16_ws ? c.sched[i] == Sm90Schedule::grid : c.sched[i] != g.sched[i]) return "schedule not compiled for this tile";
+  }
+  const int64_t slices = p.I / (c.recipe == Sm90Recipe::bf16 ? 64 : 128);
+  if (c.gemm2_splits < 1 || c.gemm2_splits > max_splits(c) || c.gemm2_splits > std::max<int64_t>(slices, 1)) {
+    return "gemm2 K ranges must be 1.." + std::to_string(std::min<int64_t>(max_splits(c), std::max<int64_t>(slices, 1))) +
+           " for this tile and I, got " + std::to_string(c.gemm2_splits);
+  }
+  return "";
+}
+
 bool parse_int(const std::string& s, int* out) {
   if (s.empty() || s.size() > 6) return false;
   for (char ch : s) {
@@ -160,17 +238,25 @@ std::string sm90_config_name(const Sm90Config& c) {
     const bool d1 = c.sched[0] == Sm90Schedule::dynamic, d2 = c.sched[1] == Sm90Schedule::dynamic;
     s += d1 && d2 ? "+dynamic" : d1 ? "+dynamic1" : d2 ? "+dynamic2" : "+static";
   }
-  if (c.gemm2_splits != 1) s += "+k" + std::to_string(c.gemm2_splits);
+  if (max_splits(c) > 1) s += "+k" + std::to_string(c.gemm2_splits);
   return s;
 }
 
 bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* out, std::string* why) {
+  Sm90ConfigRequest req;
+  if (!parse_sm90_config(name, recipe, &req, why)) return false;
+  *out = req.c;
+  return true;
+}
+
+bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90ConfigRequest* out, std::string* why) {
   auto fail = [&](const std::string& msg) {
     if (why) *why = "config '" + name + "': " + msg;
     return false;
   };
+  *out = Sm90ConfigRequest{};
   if (name == "small_m") {
-    *out = small_m(recipe);
+    out->c = small_m(recipe);
     return true;
   }
   const std::string prefix = "grouped/";
@@ -201,8 +287,11 @@ bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* o
   } else {
     return fail("mainloop must be mma, ws or ring, got '" + loop_name + "'");
   }
-  Sm90Config c = grouped(recipe, m, n, ml);
+  Sm90ConfigRequest req;
+  Sm90Config& c = req.c;
+  c = grouped(recipe, m, n, ml);
   if (digit != std::string::npos) {
+    req.stages = true;
     const std::string st = loop.substr(digit);
     const size_t dot2 = st.find('.');
     if (!parse_int(st.substr(0, dot2), &c.stages[0])) return fail("bad stage count");
@@ -214,23 +303,80 @@ bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* o
       if (ml != Sm90Mainloop::ws || recipe != Sm90Recipe::bf16) return fail("+" + o + ": only bf16 ws tiles choose");
       c.sched[0] = o == "dynamic" || o == "dynamic1" ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
       c.sched[1] = o == "dynamic" || o == "dynamic2" ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+      req.sched = true;
     } else if (o.size() > 1 && o[0] == 'k' && parse_int(o.substr(1), &c.gemm2_splits) && c.gemm2_splits >= 1) {
-      continue;
+      req.splits = true;
     } else {
       return fail("unknown option '+" + o + "'");
     }
   }
-  *out = c;
+  *out = req;
+  return true;
+}
+
+bool resolve_sm90_config(const Sm90Problem& p, const DeviceFacts& dev, const Sm90ConfigRequest& req, Sm90Config* out,
+                         std::string* why) {
+  const Sm90Config& c = req.c;
+  if (c.strategy == Sm90Strategy::small_m) {
+    *out = c;
+    return true;
+  }
+  const std::string name = sm90_config_name(c);
+  Sm90Config r;
+  bool found = false;
+  for (const Sm90Config& f : grouped_families(p)) {
+    if (f.tile_m == c.tile_m && f.tile_n == c.tile_n && f.mainloop == c.mainloop) {
+      r = f;
+      found = true;
+    }
+  }
+  if (!found) {
+    if (why) *why = "config '" + name.substr(0, name.find_first_of("+")) + "': " + tile_refusal(p, c);
+    return false;
+  }
+  resolve(p, dev, &r);
+  if (req.stages) std::copy(c.stages, c.stages + 2, r.stages);
+  if (req.sched) std::copy(c.sched, c.sched + 2, r.sched);
+  if (req.splits) r.gemm2_splits = c.gemm2_splits;
+  const std::string bad = illegal(p, r);
+  if (!bad.empty()) {
+    if (why) *why = "config '" + sm90_config_name(r) + "': " + bad;
+    return false;
+  }
+  *out = r;
   return true;
 }
 
 std::vector<Sm90Config> legal_sm90_configs(const Sm90Problem& p, const DeviceFacts& dev) {
   std::vector<Sm90Config> out = {small_m(p.recipe)};
-  for (Sm90Config c : grouped_families(p)) {
-    resolve(p, dev, &c);
-    out.push_back(c);
+  for (Sm90Config f : grouped_families(p)) {
+    resolve(p, dev, &f);
+    const bool block_mma = f.recipe == Sm90Recipe::fp8_block && f.mainloop == Sm90Mainloop::mma;
+    const bool bf16_ws = f.recipe == Sm90Recipe::bf16 && f.mainloop == Sm90Mainloop::ws;
+    // Stage pairs: the block mma tiles 4 or 5 per gemm, the others their one depth.
+    for (int st = 0; st < (block_mma ? 4 : 1); ++st) {
+      for (int d = 0; d < (bf16_ws ? 4 : 1); ++d) {
+        for (int k = 1; k <= max_splits(f); ++k) {
+          Sm90Config c = f;
+          if (block_mma) c.stages[0] = st & 1 ? 5 : 4, c.stages[1] = st & 2 ? 5 : 4;
+          if (bf16_ws) {
+            c.sched[0] = d & 1 ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+            c.sched[1] = d & 2 ? Sm90Schedule::dynamic : Sm90Schedule::static_order;
+          }
+          c.gemm2_splits = k;
+          if (illegal(p, c).empty()) out.push_back(c);
+        }
+      }
+    }
   }
   return out;
+}
+
+Sm90Config select_sm90_grouped_config(const Sm90Problem& p, const DeviceFacts& dev) {
+  // S4-S9: the grouped tile, then its stages, schedules and K ranges.
+  Sm90Config c = pick_grouped(p);
+  resolve(p, dev, &c);
+  return c;
 }
 
 Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev) {
@@ -238,10 +384,7 @@ Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev) {
   const MoeStrategy s = p.recipe == Sm90Recipe::bf16 ? choose_moe_strategy(p.T, p.k, p.E).strategy
                                                      : choose_moe_strategy_fp8_tma64(p.T, p.k, p.E, p.H, dev).strategy;
   if (s == MoeStrategy::small_m) return small_m(p.recipe);
-  // S4-S9: the grouped tile, then its stages, schedules and K ranges.
-  Sm90Config c = pick_grouped(p);
-  resolve(p, dev, &c);
-  return c;
+  return select_sm90_grouped_config(p, dev);
 }
 
 }  // namespace moekit

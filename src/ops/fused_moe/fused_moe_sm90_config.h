@@ -1,10 +1,10 @@
 // One description of what a CUDA fused_moe launch runs, in place of a registry row per tile shape:
 // Sm90Config (strategy, tile, mainloop, stages, schedules, gemm2 K ranges), its name, the configs
 // compiled for a recipe that take a problem (legal_configs), and the rules that pick one
-// (select_config) from the problem and the device's facts. Host-only C++, not wired to the launch
-// code yet: tests/test_fused_moe_sm90_config.cpp checks that select_config reproduces today's
-// choices (tests/data/fused_moe_sm90_choices.csv) and that names parse back.
-// docs/design/fused_moe_sm90.md (3.1-3.5, step M3).
+// (select_config) from the problem and the device's facts. Host-only C++: the CUDA rows
+// (fused_moe_sm90.cpp) run what these say; tests/test_fused_moe_sm90_config.cpp checks that
+// select_config reproduces the recorded choices (tests/data/fused_moe_sm90_choices.csv) and that
+// names parse back. docs/fused_moe_configs.md (names), docs/design/fused_moe_sm90.md (3.1-3.5).
 #pragma once
 
 #include <cstdint>
@@ -53,17 +53,33 @@ struct Sm90Problem {
 };
 
 // "small_m" or "grouped/{M}x{N}.{mma|ws|ring}{stages}[.{stages2}]" then options: "+dynamic",
-// "+static" (both gemms), "+dynamic1" / "+dynamic2" (one gemm dynamic, the other static; ws only:
-// the other mainloops have one schedule), "+k{n}" (gemm2 K ranges). The recipe is not in the name.
+// "+static" (both gemms), "+dynamic1" / "+dynamic2" (one gemm dynamic, the other static; bf16 ws
+// only: the other mainloops have one schedule), "+k{n}" (gemm2 K ranges; ws and 64 x 256 ring only).
+// The recipe is not in the name. Names written here are complete (every choice spelled out).
 std::string sm90_config_name(const Sm90Config& c);
-// The config a name denotes for `recipe`; false (with *why) for a malformed name.
-bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* out, std::string* why);
 
-// The configs compiled for p's recipe whose tiles take p's shape, each with the rules' stages,
-// schedules and K ranges (the grid of docs/design/fused_moe_sm90.md 3.3; operand checks such as
-// dtypes, scales and alignment stay with the kernels' supports()).
+// A parsed name: the fields it gives; the others follow the rules (resolve_sm90_config).
+struct Sm90ConfigRequest {
+  Sm90Config c;
+  bool stages = false, sched = false, splits = false;  // given in the name
+};
+// The request a name denotes for `recipe`; false (with *why) for a malformed name.
+bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90ConfigRequest* out, std::string* why);
+// As above for a complete name (fields not given keep the family's defaults).
+bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90Config* out, std::string* why);
+// The request completed by the rules for p on `dev`; false (with *why) when the config cannot run p:
+// its tile does not take p's shape, or a given stage count, schedule or K range count is not one
+// compiled for the tile (design 3.3).
+bool resolve_sm90_config(const Sm90Problem& p, const DeviceFacts& dev, const Sm90ConfigRequest& req, Sm90Config* out,
+                         std::string* why);
+
+// Every config compiled for p's recipe whose tile takes p's shape, with each stage count, schedule
+// and K range count the tile compiles (the sweep of `moekit bench --config all`); operand checks
+// such as dtypes, scales and alignment stay with the kernels' supports().
 std::vector<Sm90Config> legal_sm90_configs(const Sm90Problem& p, const DeviceFacts& dev);
-// The rules' choice (design 3.5, S1-S9): today's auto kernels' choice for p on `dev`.
+// The rules' choice (design 3.5, S1-S9) for p on `dev`.
 Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev);
+// The grouped config the rules pick for p (S4-S9), whatever the strategy rule says.
+Sm90Config select_sm90_grouped_config(const Sm90Problem& p, const DeviceFacts& dev);
 
 }  // namespace moekit

@@ -22,6 +22,7 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/device_facts.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
+#include "ops/fused_moe/fused_moe_sm90_config.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_tma.cuh"
@@ -42,17 +43,12 @@ struct WsLayout {
   int splits;  // gemm2 K ranges (fused_moe_sm90_grouped_gemm2_splits), y holds one [Tk, H] per range
 };
 
-// M tile rows for p (64 or 128): see fused_moe_sm90_grouped_tile_m (the header).
-int tile_m_of(const FusedMoeParams& p) {
-  const MoeDims d = moe_dims(p);
-  return fused_moe_sm90_grouped_tile_m(d.T * d.k, d.Eg);
-}
-
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-WsLayout layout_of(const FusedMoeParams& p) {
+// c: a resolved config of the bf16 grouped tiles (64 x 256 mma or 128 x 256 ws).
+WsLayout layout_of(const FusedMoeParams& p, const Sm90Config& c) {
   const MoeDims d = moe_dims(p);
-  const int bm = tile_m_of(p);
+  const int bm = c.tile_m;
   WsLayout l{};
   l.tk = d.T * d.k;
   l.tiles_max = fused_moe_sm90_grouped_tiles_max(l.tk, d.E, bm);
@@ -73,10 +69,7 @@ WsLayout layout_of(const FusedMoeParams& p) {
   // consecutive rows; Hopper's has no row gather).
   l.xs = take(fused_moe_sm90_grouped_uses_tma(bm) ? size_t(l.tk) * size_t(d.H) * 2 : 0);
   l.a = take(size_t(l.tk) * size_t(d.I) * 2);
-  l.splits = fused_moe_sm90_grouped_uses_tma(bm)
-                 ? fused_moe_sm90_grouped_gemm2_splits(l.tiles_max, ceil_div(d.H, kBN), d.I / kBK,
-                                                       current_device_facts_or_zero().sm_count)
-                 : 1;
+  l.splits = c.gemm2_splits;
   l.y = take(size_t(l.splits) * size_t(l.tk) * size_t(d.H) * 4);
   l.total = off + kAlign;  // + kAlign: the caller's workspace need not be aligned
   return l;
@@ -447,10 +440,10 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
 }
 
 template <class TT>
-Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
+Status run_typed(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
-  const WsLayout l = layout_of(p);
-  const int bm = tile_m_of(p);
+  const WsLayout l = layout_of(p, c);
+  const int bm = c.tile_m;
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   auto* local = reinterpret_cast<int32_t*>(base + l.local);
@@ -474,10 +467,10 @@ Status run_typed(const FusedMoeParams& p, const RunContext& ctx) {
                tile_expert, tile_row0, num_tiles, a, int(d.H), int(d.I), int(d.k), p.weight_on_input};
   Gemm2Args g2{a, p.w2.data, offsets, tile_expert, tile_row0, num_tiles, y, l.tk * d.H, int(d.H), int(d.I),
                l.splits};
-  // The dynamic schedule where a gemm has >= 16 N tiles (fused_moe_sm90_grouped_ws_dynamic), else the
-  // static order; the routing zeroes both counters either way.
-  g1.counter = fused_moe_sm90_grouped_ws_dynamic(d.g1u1 ? 2 * d.I : d.I) ? num_tiles + 1 : nullptr;
-  g2.counter = fused_moe_sm90_grouped_ws_dynamic(d.H) ? num_tiles + 2 : nullptr;
+  // The config's schedule per gemm: a work counter (dynamic) or the static order; the routing zeroes
+  // both counters either way.
+  g1.counter = c.sched[0] == Sm90Schedule::dynamic ? num_tiles + 1 : nullptr;
+  g2.counter = c.sched[1] == Sm90Schedule::dynamic ? num_tiles + 2 : nullptr;
   if (bm == 64) {
     MOEKIT_RETURN_IF_ERROR((launch_gemms<TT, 64>(p, g1, g2, unsigned(l.tiles_max), s)));
   } else {
@@ -533,27 +526,19 @@ Status fused_moe_sm90_grouped_limits(const FusedMoeParams& p) {
   return Status::Ok();
 }
 
-size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p) { return grouped::layout_of(p).total; }
-
-Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx) {
-  const MoeDims d = moe_dims(p);
-  if (d.T == 0) return Status::Ok();
-  if (ctx.workspace == nullptr || ctx.workspace_bytes < fused_moe_sm90_grouped_workspace_bytes(p)) {
-    return InvalidArgument("workspace: fused_moe_sm90_grouped needs ", fused_moe_sm90_grouped_workspace_bytes(p),
-                           " device bytes, got ", ctx.workspace_bytes);
-  }
-  if (p.x.dtype == DType::bf16) return grouped::run_typed<__nv_bfloat16>(p, ctx);
-  return grouped::run_typed<__half>(p, ctx);
+size_t fused_moe_sm90_grouped_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c) {
+  return grouped::layout_of(p, c).total;
 }
 
-void register_fused_moe_sm90_grouped(Registry& r) {
-  r.add({"fused_moe_sm90_grouped", OpKind::fused_moe, MoeVariant::unquantized, Backend::cuda,
-         "x/w bf16|f16, HGMMA m64n256k16 (BM 128) / HMMA m16n8k16 (BM 64) f32 accumulate, "
-         "a rounded to x dtype, f32 sum over k",
-         100,
-         erase_supports<FusedMoeParams, fused_moe_sm90_grouped_supports>,
-         erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_workspace_bytes>,
-         erase_run<FusedMoeParams, fused_moe_sm90_grouped_run>});
+Status fused_moe_sm90_grouped_config_run(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx) {
+  const MoeDims d = moe_dims(p);
+  if (d.T == 0) return Status::Ok();
+  const size_t need = fused_moe_sm90_grouped_config_workspace_bytes(p, c);
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < need) {
+    return InvalidArgument("workspace: fused_moe_sm90_grouped needs ", need, " device bytes, got ", ctx.workspace_bytes);
+  }
+  if (p.x.dtype == DType::bf16) return grouped::run_typed<__nv_bfloat16>(p, c, ctx);
+  return grouped::run_typed<__half>(p, c, ctx);
 }
 
 }  // namespace moekit::cuda

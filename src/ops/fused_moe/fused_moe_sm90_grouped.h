@@ -29,6 +29,10 @@
 #include "moekit/ops/fused_moe.h"
 #include "moekit/registry.h"
 
+namespace moekit {
+struct Sm90Config;  // fused_moe_sm90_config.h
+}
+
 namespace moekit::cuda {
 
 // ok, or why the kernel refuses p (host tensors, f32, shuffled weights, H or I not multiples of 64,
@@ -37,10 +41,11 @@ Status fused_moe_sm90_grouped_supports(const FusedMoeParams& p);
 // The limits every grouped kernel (bf16 / f16 and fp8) shares: k <= 32, E <= 1024, 16-byte aligned x
 // rows and weights, 32-bit row indices and TMA coordinates; unsupported naming the value otherwise.
 Status fused_moe_sm90_grouped_limits(const FusedMoeParams& p);
-// Workspace bytes for p (routing lists, the intermediate a [T*k, I] and y [T*k, H] f32).
-size_t fused_moe_sm90_grouped_workspace_bytes(const FusedMoeParams& p);
-// Runs the kernel (p validated and supported, T >= 1, ctx.workspace on the device).
-Status fused_moe_sm90_grouped_run(const FusedMoeParams& p, const RunContext& ctx);
+// Workspace bytes for p run with config c (routing lists, the intermediate a [T*k, I] and y
+// [splits, T*k, H] f32); c: a resolved bf16 grouped config (fused_moe_sm90_config.h).
+size_t fused_moe_sm90_grouped_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c);
+// Runs c's gemms (p validated and supported, c legal for p, ctx.workspace on the device).
+Status fused_moe_sm90_grouped_config_run(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx);
 
 // M tile rows the kernel uses for T*k = tk routed entries over num_global_experts (Eg) experts:
 // 128 when the expected rows per expert tk / Eg >= 64, else 64. Pure (host and tests).
@@ -74,7 +79,5 @@ constexpr int fused_moe_sm90_grouped_gemm2_splits(int64_t tiles_max, int64_t n_t
   return tiles_max * n_tiles <= 2 * int64_t(sm_count) && k_slices >= 8 ? 2 : 1;
 }
 
-// Adds the registry row (priority 100, variant unquantized).
-void register_fused_moe_sm90_grouped(Registry& r);
 
 }  // namespace moekit::cuda

@@ -26,6 +26,7 @@
 #include "moekit/ops/quant.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
+#include "ops/fused_moe/fused_moe_sm90_config.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_quant.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_ring.cuh"
@@ -46,20 +47,9 @@ constexpr int kSliceCodes = 128;  // fp8 codes per 128-byte K slice
 extern __shared__ __align__(1024) unsigned char smem_raw[];
 
 // ---------------------------------------------------------------- workspace layout
-// One scale per row for x and a; gemm2 in K ranges when its work list is short.
-// bm: the M tile rows, 128 or 192 (TMA + wgmma, fused_moe_sm90_grouped_fp8_row and _m192: K ranges
-// by fused_moe_sm90_grouped_gemm2_splits) or 64 (mma.sync, fused_moe_sm90_grouped_fp8_row_bm64: one
-// range; tma64, 64 x 256 TMA tiles: fused_moe_sm90_tma64_gemm2_splits).
-Fp8Workspace fp8_layout_of(const FusedMoeParams& p, int bm, bool tma64 = false) {
-  const MoeDims d = moe_dims(p);
-  const int sms = current_device_facts_or_zero().sm_count;
-  if (bm == kMmaBM) {
-    const int splits = tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kSliceCodes, sms) : 1;
-    return fp8_workspace(p, 1, 1, splits, bm);
-  }
-  const int64_t tiles_max = fused_moe_sm90_grouped_tiles_max(d.T * d.k, d.E, bm);
-  return fp8_workspace(p, 1, 1,
-                       fused_moe_sm90_grouped_gemm2_splits(tiles_max, (d.H + 255) / 256, d.I / kSliceCodes, sms), bm);
+// One scale per row for x and a; gemm2 in c.gemm2_splits K ranges; M tiles of c.tile_m rows.
+Fp8Workspace fp8_layout_of(const FusedMoeParams& p, const Sm90Config& c) {
+  return fp8_workspace(p, 1, 1, c.gemm2_splits, c.tile_m);
 }
 
 // ---------------------------------------------------------------- quantizers (as the reference)
@@ -596,11 +586,13 @@ Status run_fp8_tma64(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Ge
                               n_tiles2);
 }
 
+// c: a resolved fp8_row grouped config: 64 x 256 ring (tma64), 64 x 256 mma, 128 or 192 x 256 ws.
 template <class TT>
-// bm: the M tile rows (128: TMA, 64: mma.sync, or TMA 64 x 256 tiles when tma64).
-Status run_fp8_typed(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64) {
+Status run_fp8_typed(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
-  const Fp8Workspace l = fp8_layout_of(p, bm, tma64);
+  const int bm = c.tile_m;
+  const bool tma64 = c.mainloop == Sm90Mainloop::ring;
+  const Fp8Workspace l = fp8_layout_of(p, c);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -690,106 +682,13 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
   return fused_moe_sm90_grouped_fp8_shape_supports(p);
 }
 
-size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::fp8_layout_of(p, 128).total;
+size_t fused_moe_sm90_grouped_fp8_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c) {
+  return grouped::fp8_layout_of(p, c).total;
 }
 
-namespace {
-
-Status run_bm(const FusedMoeParams& p, const RunContext& ctx, int bm, bool tma64 = false) {
-  return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, bm, tma64).total, "fused_moe_sm90_grouped_fp8",
-                                [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, ctx, bm, tma64); });
-}
-
-size_t workspace_bm64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM).total; }
-Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM); }
-
-// 64 x 256 TMA tiles (fused_moe_sm90_grouped_fp8_row_tma64): whole N tiles only.
-Status supports_tma64(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_supports(p));
-  const MoeDims d = moe_dims(p);
-  const int64_t n1 = d.g1u1 ? 128 : 256;
-  if (d.H % 256 != 0 || d.I % n1 != 0) {
-    return Unsupported("H, I: the 64 x 256 tiles need H a multiple of 256 and I a multiple of ", n1, ", got H = ",
-                       d.H, ", I = ", d.I);
-  }
-  return Status::Ok();
-}
-size_t workspace_tma64(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, grouped::kMmaBM, true).total; }
-Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, grouped::kMmaBM, true); }
-
-// 192 x 256 tiles (fused_moe_sm90_grouped_fp8_row_m192).
-constexpr int kM192 = grouped::WsShape<3>::kBM;
-size_t workspace_m192(const FusedMoeParams& p) { return grouped::fp8_layout_of(p, kM192).total; }
-Status run_m192(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, kM192); }
-
-}  // namespace
-
-Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx) { return run_bm(p, ctx, 128); }
-
-namespace {
-// The auto path's tiles (fp8_row_tiles, fused_moe_sm90_tiles.h).
-using RowTiles = Fp8RowTiles;
-RowTiles tiled(const FusedMoeParams& p) {
-  const MoeDims d = moe_dims(p);
-  return fp8_row_tiles(d.T * d.k, d.E, supports_tma64(p).ok());
-}
-int tiled_bm(RowTiles t) {
-  return t == RowTiles::tma128 ? 128 : t == RowTiles::m192 ? kM192 : int(grouped::kMmaBM);
-}
-}  // namespace
-
-size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p) {
-  const RowTiles t = tiled(p);
-  return grouped::fp8_layout_of(p, tiled_bm(t), t == RowTiles::tma64).total;
-}
-Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
-  switch (tiled(p)) {
-    case RowTiles::tma64: return run_tma64(p, ctx);
-    case RowTiles::mma64: return run_bm64(p, ctx);
-    case RowTiles::m192: return run_m192(p, ctx);
-    case RowTiles::tma128: break;
-  }
-  return run_bm(p, ctx, 128);
-}
-
-void register_fused_moe_sm90_grouped_fp8(Registry& r) {
-  // Each tile shape twice: the per-row variant and its router-weight-on-input twin (_tkw1).
-  auto add = [&r](const char* row, const char* tkw1, const char* what, int priority, auto supports, auto workspace,
-                  auto run) {
-    for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-      r.add({v == MoeVariant::fp8_row ? row : tkw1, OpKind::fused_moe, v, Backend::cuda, what, priority, supports,
-             workspace, run});
-    }
-  };
-  add("fused_moe_sm90_grouped_fp8_row", "fused_moe_sm90_grouped_fp8_row_tkw1",
-      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), "
-      "QGMMA m64n256k32 f32 accumulate, f32 sum over k",
-      100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-      erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_workspace_bytes>,
-      erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_run>);
-  // The 64-row tiles alone (priority 90: fused_moe_sm90_fp8_row picks them by
-  // fused_moe_sm90_grouped_fp8_tile_m); for benches and tests that want them at any T.
-  add("fused_moe_sm90_grouped_fp8_row_bm64", "fused_moe_sm90_grouped_fp8_row_tkw1_bm64",
-      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64-row tiles on "
-      "mma.sync m16n8k32 e4m3 (cp.async pipeline) f32 accumulate, f32 sum over k",
-      90, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-      erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>);
-  // 64 x 256 tiles on TMA + QGMMA (priority 85; fused_moe_sm90_fp8_row picks them up to
-  // kGroupedFp8Tma64MaxRows rows per expert where H % 256 == 0): for experts with few rows, in place of
-  // the emulated mma.sync of ..._bm64.
-  add("fused_moe_sm90_grouped_fp8_row_tma64", "fused_moe_sm90_grouped_fp8_row_tkw1_tma64",
-      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 64 x 256 tiles on "
-      "QGMMA m64n128k32 (TMA ring, two consumer warpgroups) f32 accumulate, f32 sum over k; H % 256 == 0",
-      85, erase_supports<FusedMoeParams, supports_tma64>, erase_workspace<FusedMoeParams, workspace_tma64>,
-      erase_run<FusedMoeParams, run_tma64>);
-  // 192 x 256 tiles (priority 80): an expert of 129..192 rows in one M tile, its weights read once
-  // per N tile instead of twice (WsShape<3>, fused_moe_sm90_grouped_tma.cuh).
-  add("fused_moe_sm90_grouped_fp8_row_m192", "fused_moe_sm90_grouped_fp8_row_tkw1_m192",
-      "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per row (e4m3fn), 192 x 256 tiles on "
-      "QGMMA m64n128k32 pairs (TMA ring, three consumer warpgroups) f32 accumulate, f32 sum over k",
-      80, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_supports>,
-      erase_workspace<FusedMoeParams, workspace_m192>, erase_run<FusedMoeParams, run_m192>);
+Status fused_moe_sm90_grouped_fp8_config_run(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx) {
+  return grouped::run_fp8_entry(p, ctx, grouped::fp8_layout_of(p, c).total, "fused_moe_sm90_grouped_fp8",
+                                [&](auto tt) { return grouped::run_fp8_typed<decltype(tt)>(p, c, ctx); });
 }
 
 }  // namespace moekit::cuda

@@ -24,6 +24,10 @@
 #include "moekit/ops/fused_moe.h"
 #include "moekit/registry.h"
 
+namespace moekit {
+struct Sm90Config;  // fused_moe_sm90_config.h
+}
+
 namespace moekit::cuda {
 
 // ok, or why the kernel refuses p (host tensors, non-fp8 weights, block scales, H or I not multiples
@@ -32,17 +36,10 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p);
 // The size limits shared with fused_moe_sm90_grouped_fp8_block: H, I multiples of 128, then
 // fused_moe_sm90_grouped_limits.
 Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p);
-// Workspace bytes for p (routing lists, x and a codes + scales, a in f32, y in f32).
-size_t fused_moe_sm90_grouped_fp8_workspace_bytes(const FusedMoeParams& p);
-// Runs the kernel (p validated and supported, ctx.workspace on the device).
-Status fused_moe_sm90_grouped_fp8_run(const FusedMoeParams& p, const RunContext& ctx);
-
-// The kernel with its M tile rows chosen by fused_moe_sm90_grouped_fp8_tile_m (fused_moe_heuristic.h):
-// what fused_moe_sm90_fp8_row runs for prefill.
-size_t fused_moe_sm90_grouped_fp8_tiled_workspace_bytes(const FusedMoeParams& p);
-Status fused_moe_sm90_grouped_fp8_tiled_run(const FusedMoeParams& p, const RunContext& ctx);
-
-// Adds the registry rows fused_moe_sm90_grouped_fp8_row and _fp8_row_tkw1 (priority 100).
-void register_fused_moe_sm90_grouped_fp8(Registry& r);
+// Workspace bytes / run of p with config c, a resolved fp8_row grouped config
+// (fused_moe_sm90_config.h): 64 x 256 ring or mma, 128 x 256 or 192 x 256 ws; p validated and
+// supported, c legal for p, ctx.workspace on the device.
+size_t fused_moe_sm90_grouped_fp8_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c);
+Status fused_moe_sm90_grouped_fp8_config_run(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx);
 
 }  // namespace moekit::cuda

@@ -58,6 +58,7 @@
 #include "moekit/ops/quant.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
 #include "ops/fused_moe/fused_moe_heuristic.h"
+#include "ops/fused_moe/fused_moe_sm90_config.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_mma_fp8.cuh"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_quant.cuh"
@@ -81,16 +82,19 @@ constexpr int blk_tile_rows(BlkTiles t) { return t == BlkTiles::tma128 || t == B
 // tiles hold whole 128-groups of a; their workspace has no f32 a.
 constexpr bool blk_gemm1_quantizes_a(BlkTiles t) { return t == BlkTiles::tma64 || t == BlkTiles::tma128n256; }
 
-// One scale per 128-group of x and a rows; M tiles of blk_tile_rows rows; gemm2 in one K range, or
-// for tma64 in fused_moe_sm90_tma64_gemm2_splits ranges; no f32 a where blk_gemm1_quantizes_a.
-Fp8Workspace blk_layout_of(const FusedMoeParams& p, BlkTiles t) {
+// The tiles of a resolved fp8_block grouped config.
+BlkTiles blk_tiles_of(const Sm90Config& c) {
+  if (c.mainloop == Sm90Mainloop::mma) return BlkTiles::mma64;
+  if (c.tile_m == 64) return BlkTiles::tma64;
+  return c.tile_n == 256 ? BlkTiles::tma128n256 : BlkTiles::tma128;
+}
+
+// One scale per 128-group of x and a rows; M tiles of blk_tile_rows rows; gemm2 in c.gemm2_splits K
+// ranges; no f32 a where blk_gemm1_quantizes_a.
+Fp8Workspace blk_layout_of(const FusedMoeParams& p, const Sm90Config& c) {
   const MoeDims d = moe_dims(p);
-  const bool tma64 = t == BlkTiles::tma64;
-  const int splits =
-      tma64 ? fused_moe_sm90_tma64_gemm2_splits(d.T * d.k, d.E, d.H / 256, d.I / kBlk,
-                                                 current_device_facts_or_zero().sm_count)
-            : 1;
-  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, splits, blk_tile_rows(t), !blk_gemm1_quantizes_a(t));
+  const BlkTiles t = blk_tiles_of(c);
+  return fp8_workspace(p, d.H / kBlk, d.I / kBlk, c.gemm2_splits, blk_tile_rows(t), !blk_gemm1_quantizes_a(t));
 }
 
 // ---------------------------------------------------------------- per-group quantizer
@@ -183,9 +187,6 @@ static_assert(blk_stage_bytes(4) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp
               blk_stage_bytes(5) + blk_mma_scale_bytes(fused_moe_sm90_grouped_fp8_block_bm64_max_k(5) / kBlk) <=
                   size_t(kFp8BlockBm64MaxSmem),
               "the header's K limits keep the stages and staged scales within one CTA's shared memory");
-inline bool blk_mma_fits(int64_t KT, int stages = grouped::kStages) {
-  return KT * kBlk <= fused_moe_sm90_grouped_fp8_block_bm64_max_k(stages);
-}
 
 // Writes the scales of a 64-row tile at row0 (nrows real rows) into shared `s` (blk_mma_scale_bytes):
 // activation scales [KT][64] from a_scale [Tk, KT] (0 for rows >= nrows), then two rows of KT
@@ -380,12 +381,13 @@ Status run_blk_mma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
                     static_cast<const uint8_t*>(p.w2.data), more2 + blk_mma_scale_bytes(d.I / kBlk));
 }
 
-// force5: the mma64 gemms with 5 stages wherever they fit (fp8_block_mma_stages).
+// c: a resolved fp8_block grouped config (the mma64 gemms' depths in c.stages).
 template <class TT>
-Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5) {
+Status run_blk_typed(const FusedMoeParams& p, const Sm90Config& c, const RunContext& ctx) {
   const MoeDims d = moe_dims(p);
+  const BlkTiles tiles = blk_tiles_of(c);
   const int bm = blk_tile_rows(tiles);
-  const Fp8Workspace l = blk_layout_of(p, tiles);
+  const Fp8Workspace l = blk_layout_of(p, c);
   auto* base = static_cast<unsigned char*>(ctx.workspace);
   base += (kFp8WsAlign - reinterpret_cast<uintptr_t>(base) % kFp8WsAlign) % kFp8WsAlign;
   auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
@@ -411,9 +413,7 @@ Status run_blk_typed(const FusedMoeParams& p, const RunContext& ctx, BlkTiles ti
     if (tiles == BlkTiles::tma128n256) return run_blk_tma<BlkTiles::tma128n256>(p, l, g1, g2, base, s);
     if (tiles == BlkTiles::tma64) return run_blk_tma<BlkTiles::tma64>(p, l, g1, g2, base, s);
     static_assert(kBN == 256, "fp8_block_mma_gemm_stages counts N tiles of 256 columns");
-    const Fp8BlockMmaStages st = fp8_block_mma_gemm_stages(l.tiles_max, d.H, d.I, d.g1u1, force5,
-                                                           current_device_facts_or_zero().sm_count);
-    const bool five1 = st.gemm1 == 5, five2 = st.gemm2 == 5;
+    const bool five1 = c.stages[0] == 5, five2 = c.stages[1] == 5;
     if (five1) return five2 ? run_blk_mma<5, 5>(p, l, g1, g2, base, s) : run_blk_mma<5, 4>(p, l, g1, g2, base, s);
     return five2 ? run_blk_mma<4, 5>(p, l, g1, g2, base, s) : run_blk_mma<4, 4>(p, l, g1, g2, base, s);
   };
@@ -438,126 +438,14 @@ Status fused_moe_sm90_grouped_fp8_block_supports(const FusedMoeParams& p) {
   return check_fp8_block_scale(p.w2_scale, "w2_scale", d.E, d.H, d.I);
 }
 
-size_t fused_moe_sm90_grouped_fp8_block_workspace_bytes(const FusedMoeParams& p) {
-  return grouped::blk_layout_of(p, grouped::BlkTiles::tma128).total;
+size_t fused_moe_sm90_grouped_fp8_block_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c) {
+  return grouped::blk_layout_of(p, c).total;
 }
 
-namespace {
-
-using grouped::BlkTiles;
-
-size_t blk_workspace(const FusedMoeParams& p, BlkTiles tiles) {
-  return grouped::blk_layout_of(p, tiles).total;
-}
-Status run_blk(const FusedMoeParams& p, const RunContext& ctx, BlkTiles tiles, bool force5 = false) {
-  return grouped::run_fp8_entry(p, ctx, blk_workspace(p, tiles), "fused_moe_sm90_grouped_fp8_block",
-                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, ctx, tiles, force5); });
-}
-
-size_t workspace_bm64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::mma64); }
-Status run_bm64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::mma64); }
-Status run_bm64_s5(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::mma64, true); }
-
-// Whether the 64-row tiles take p: their scales for K / 128 slices sit in shared memory beside the
-// stages (K = H for gemm1, I for gemm2).
-bool bm64_fits(const FusedMoeParams& p) {
-  const MoeDims d = moe_dims(p);
-  static_assert(grouped::kStages == 4 && grouped::kBlk == 128, "fp8_block_mma64_fits assumes both");
-  return fp8_block_mma64_fits(d.H, d.I);
-}
-Status supports_bm64(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
-  if (!bm64_fits(p)) {
-    const MoeDims d = moe_dims(p);
-    return Unsupported("H, I: the 64-row tiles stage K / 128 scales in shared memory, max(H, I) <= ",
-                       fused_moe_sm90_grouped_fp8_block_bm64_max_k(), ", got H = ", d.H, ", I = ", d.I);
-  }
-  return Status::Ok();
-}
-
-// The 256-column TMA + wgmma tiles (64 x 256: fused_moe_sm90_grouped_fp8_block_tma64, 128 x 256:
-// ..._n256): whole N tiles only.
-Status supports_tma64(const FusedMoeParams& p) {
-  MOEKIT_RETURN_IF_ERROR(fused_moe_sm90_grouped_fp8_block_supports(p));
-  const MoeDims d = moe_dims(p);
-  const int64_t n1 = d.g1u1 ? 128 : 256;
-  if (d.H % 256 != 0 || d.I % n1 != 0) {
-    return Unsupported("H, I: the 256-column tiles (64 x 256, 128 x 256) need H % 256 == 0 and I % ", n1,
-                       " == 0, got H = ", d.H, ", I = ", d.I);
-  }
-  return Status::Ok();
-}
-size_t workspace_tma64(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma64); }
-Status run_tma64(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma64); }
-
-// 128 x 256 TMA + wgmma tiles (fused_moe_sm90_grouped_fp8_block_n256): the sizes of the 64 x 256 ones.
-Status supports_n256(const FusedMoeParams& p) { return supports_tma64(p); }
-size_t workspace_n256(const FusedMoeParams& p) { return blk_workspace(p, BlkTiles::tma128n256); }
-Status run_n256(const FusedMoeParams& p, const RunContext& ctx) { return run_blk(p, ctx, BlkTiles::tma128n256); }
-
-// The auto path's tiles: 64 x 256 TMA tiles where they take the shape, up to 128 rows per expert;
-// else 64-row mma.sync tiles up to 16 rows (where their scales fit); else 128 x 256 where they take
-// the shape (the sizes of the 64 x 256 ones), else 128 x 128.
-// NOTE: 128 x 256 beats 128 x 128 above 128 rows per expert (twice the MMA work per slice for 1.5x
-// the bytes); at 128 rows the 64 x 256 tiles stay ahead (E73).
-BlkTiles tiled(const FusedMoeParams& p) {
-  const MoeDims d = moe_dims(p);
-  // supports_n256 is supports_tma64: one admission for both 256-column tiles.
-  return fp8_block_tiles(d.T * d.k, d.E, supports_tma64(p).ok(), bm64_fits(p));
-}
-
-}  // namespace
-
-Status fused_moe_sm90_grouped_fp8_block_run(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk(p, ctx, BlkTiles::tma128);
-}
-
-size_t fused_moe_sm90_grouped_fp8_block_tiled_workspace_bytes(const FusedMoeParams& p) {
-  return blk_workspace(p, tiled(p));
-}
-Status fused_moe_sm90_grouped_fp8_block_tiled_run(const FusedMoeParams& p, const RunContext& ctx) {
-  return run_blk(p, ctx, tiled(p));
-}
-
-void register_fused_moe_sm90_grouped_fp8_block(Registry& r) {
-  r.add({"fused_moe_sm90_grouped_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, QGMMA m64n128k32 with "
-         "per-block promotion into f32, f32 sum over k",
-         100, erase_supports<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_supports>,
-         erase_workspace<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_workspace_bytes>,
-         erase_run<FusedMoeParams, fused_moe_sm90_grouped_fp8_block_run>});
-  // The 64-row tiles alone (priority 90: fused_moe_sm90_fp8_block picks them by
-  // fused_moe_sm90_grouped_fp8_block_tile_m); for benches and tests that want them at any T.
-  r.add({"fused_moe_sm90_grouped_fp8_block_bm64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64-row tiles on mma.sync "
-         "m16n8k32 e4m3 (cp.async pipeline) with per-block promotion into f32, f32 sum over k",
-         90, erase_supports<FusedMoeParams, supports_bm64>,
-         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64>});
-  // Priority 75 (fused_moe_sm90_fp8_block picks it up to kGroupedFp8BlockTma64MaxRows rows per expert
-  // where H % 256 == 0): 64-row tiles on TMA + wgmma (QGMMA) instead of the emulated mma.sync on e4m3
-  // of ..._bm64.
-  r.add({"fused_moe_sm90_grouped_fp8_block_tma64", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 64 x 256 tiles on QGMMA "
-         "m64n128k32 (TMA ring, two consumer warpgroups) with per-block promotion into f32; H % 256 == 0",
-         75, erase_supports<FusedMoeParams, supports_tma64>,
-         erase_workspace<FusedMoeParams, workspace_tma64>, erase_run<FusedMoeParams, run_tma64>});
-  // Priority 65 (fused_moe_sm90_fp8_block picks it above kGroupedFp8BlockTma64MaxRows rows per expert
-  // where H % 256 == 0): 128 x 256 tiles, each consumer warpgroup's 256 columns in two halves one after
-  // the other (fp8_ring_consume_halves): 48 KiB of stage per slice for twice the MMA work of the
-  // 128 x 128 tiles' 32 KiB.
-  r.add({"fused_moe_sm90_grouped_fp8_block_n256", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, 128 x 256 tiles on QGMMA "
-         "m64n128k32 (TMA ring, two consumer warpgroups, two 128-column halves each) with per-block promotion "
-         "into f32; H % 256 == 0",
-         65, erase_supports<FusedMoeParams, supports_n256>,
-         erase_workspace<FusedMoeParams, workspace_n256>, erase_run<FusedMoeParams, run_n256>});
-  // Priority 70, in no auto kernel: ..._bm64 with 5-stage pipelines wherever they fit, to time
-  // against ..._bm64 (whose stage rule, fp8_block_mma_stages, it measures).
-  r.add({"fused_moe_sm90_grouped_fp8_block_bm64_s5", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "as fused_moe_sm90_grouped_fp8_block_bm64, 5-stage cp.async pipelines wherever the scales of K leave "
-         "room (K <= 13312)",
-         70, erase_supports<FusedMoeParams, supports_bm64>,
-         erase_workspace<FusedMoeParams, workspace_bm64>, erase_run<FusedMoeParams, run_bm64_s5>});
+Status fused_moe_sm90_grouped_fp8_block_config_run(const FusedMoeParams& p, const Sm90Config& c,
+                                                   const RunContext& ctx) {
+  return grouped::run_fp8_entry(p, ctx, grouped::blk_layout_of(p, c).total, "fused_moe_sm90_grouped_fp8_block",
+                                [&](auto tt) { return grouped::run_blk_typed<decltype(tt)>(p, c, ctx); });
 }
 
 }  // namespace moekit::cuda

@@ -756,27 +756,4 @@ Status fused_moe_small_m_run(const FusedMoeParams& p, const RunContext& ctx) {
   return run_impl(p, ctx);
 }
 
-void register_fused_moe_sm90_small_m(Registry& r) {
-  r.add({"fused_moe_sm90_small_m", OpKind::fused_moe, MoeVariant::unquantized, Backend::cuda,
-         "x/w bf16|f16, CUDA-core f32 dots, a rounded to x dtype (or f32), decode-sized T", 100,
-         erase_supports<FusedMoeParams, supports_impl>, erase_workspace<FusedMoeParams, workspace_impl>,
-         erase_run<FusedMoeParams, run_impl>});
-  // fp8 per-tensor / per-row weights, dynamic per-token (or static) activations: the same rows for
-  // the router weight on the output (fp8_row) and on the input (fp8_row_tkw1, k == 1).
-  for (MoeVariant v : {MoeVariant::fp8_row, MoeVariant::fp8_row_tkw1}) {
-    r.add({v == MoeVariant::fp8_row ? "fused_moe_sm90_small_m_fp8_row" : "fused_moe_sm90_small_m_fp8_row_tkw1",
-           OpKind::fused_moe, v, Backend::cuda,
-           "x bf16|f16, w e4m3fn per-tensor|per-row scales, x / a quantized per token (e4m3fn), "
-           "fp8 x fp8 dots in f32 on CUDA cores, decode-sized T",
-           100, erase_supports<FusedMoeParams, supports_fp8_impl>, erase_workspace<FusedMoeParams, workspace_fp8_impl>,
-           erase_run<FusedMoeParams, run_fp8_impl>});
-  }
-  // fp8 128 x 128 block scales (router weight on the output, or on the input with k == 1).
-  r.add({"fused_moe_sm90_small_m_fp8_block", OpKind::fused_moe, MoeVariant::fp8_block, Backend::cuda,
-         "x bf16|f16, w e4m3fn 128x128 block scales, x / a quantized per 1x128 group, fp8 x fp8 dots in f32 "
-         "promoted per 16 codes on CUDA cores, decode-sized T",
-         100, erase_supports<FusedMoeParams, supports_fp8_block_impl>,
-         erase_workspace<FusedMoeParams, workspace_fp8_impl>, erase_run<FusedMoeParams, run_fp8_block_impl>});
-}
-
 }  // namespace moekit::cuda

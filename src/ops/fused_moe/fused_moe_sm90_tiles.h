@@ -31,7 +31,8 @@ constexpr bool fp8_block_mma64_fits(int64_t H, int64_t I) {
 
 // The pipeline depth of a block mma gemm over K (H for gemm1, I for gemm2) on `ctas` CTAs: 5 stages
 // for long K loops on large grids (at least 6 CTAs per SM) where the K / 128 scales still fit
-// beside them (K <= 13312), else 4; force5 (the _bm64_s5 row): 5 wherever they fit. 5 won on a
+// beside them (K <= 13312), else 4; force5: 5 wherever they fit (what an explicit 5-stage config
+// may ask for). 5 won on a
 // long K over many CTAs and lost on few CTAs or a short K; the thresholds sit between those points
 // (docs/experiments.md E64, E65; the fit: E63).
 constexpr int64_t kBlk5StagesMinK = 6144, kBlk5StagesMinWaves = 6;
