@@ -159,7 +159,7 @@ for f in sorted(glob.glob(os.path.join(out, "sweep_*.csv"))):
     for r in csv.DictReader(open(f)):
         rows.append(dict(r, model=stem[:-len(r["scheme"]) - 1]))
 with open(os.path.join(out, "sweep.csv"), "w", newline="") as fh:
-    w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+    w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
         w.writerow(r)
