@@ -4,7 +4,7 @@
 # (logs, JSON and a CSV) to $OUT (default out/). Each step has its own time limit so a hang cannot eat the run.
 #   STEPS="tests check sanitize bench ep" (default; "python" adds the Python package's build + pytest;
 #   "sweep" times every fused_moe config of the auto kernels: SWEEP_MODELS, SWEEP_SCHEMES, CSV in
-#   sweep.csv, the file docs/data/fused_moe_sm90_sweep.csv records)
+#   sweep.csv, the file tests/data/fused_moe_sm90_sweep.csv records)
 #   CHECK_CONFIGS=all (check: also every config of each variant's first CUDA kernel; "" = rules only)
 #   BENCH_TOKENS=1,8,64,512,4096   FP8_SCHEMES="fp8_tensor fp8_channel fp8_block" (the default)
 #   BENCH_BF16=0|1
@@ -17,8 +17,9 @@
 # sanitize ~5.5 min on 2026-12-02), check ~1.5 min, sanitize: memcheck 320 s alone (2026-12-02: it ran
 # past a 330 s limit next to the tests; SANITIZE_LIMIT default 420), racecheck ~150 s, python (build +
 # pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
-# kernel run (DeepSeek-V3 the longest: its cuBLAS baseline plans 256 experts): split them, e.g.
-# STEPS="tests check", then STEPS="sanitize python", then STEPS=bench with BENCH_MODELS / FP8_SCHEMES.
+# run (one per model and scheme, the auto kernel only; DeepSeek-V3 the longest: its cuBLAS baseline
+# plans 256 experts): split them, e.g. STEPS="tests check", then STEPS="sanitize python", then
+# STEPS=bench with BENCH_MODELS / FP8_SCHEMES, and STEPS=sweep with SWEEP_MODELS / SWEEP_SCHEMES.
 # The ep step (expert parallelism over NCCL) runs on machines with >= 2 GPUs and says so otherwise.
 set -u
 cd "$(dirname "$0")/.."
@@ -139,7 +140,7 @@ PY
 fi
 if has sweep; then
   # Every config the auto kernel can run, per (model, scheme, T), without the cuBLAS baseline; one CSV
-  # per run, then sweep.csv (the recorded sweep of docs/data/ and tests/test_fused_moe_sm90_sweep.cpp).
+  # per run, then sweep.csv (tests/data/fused_moe_sm90_sweep.csv records one; tests/test_fused_moe_sm90_sweep.cpp reads it).
   for m in ${SWEEP_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
     for sc in ${SWEEP_SCHEMES:-bf16 fp8_tensor fp8_block}; do
       k=fused_moe_sm90_bf16; [ "$sc" != bf16 ] && k=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && k=fused_moe_sm90_fp8_block

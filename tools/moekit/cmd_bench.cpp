@@ -296,7 +296,7 @@ void print_row(const Row& r, bool with_baseline) {
 }
 
 // The rows as CSV, one column per key of the first row (strings quoted where they hold a comma or a
-// quote; null as empty), for `--csv` (the recorded config sweeps of docs/data/).
+// quote; null as empty), for `--csv` (the recorded config sweep, tests/data/fused_moe_sm90_sweep.csv).
 Status write_csv(const std::string& path, const nlohmann::json& rows) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return InvalidArgument("--csv: cannot write '", path, "'");

@@ -310,6 +310,8 @@ std::string shape_key(const FusedMoeParams& p) {
 
 // The call with its explicit config (RunOptions::config, else MOEKIT_FUSED_MOE_CONFIG's entry for the
 // variant's recipe) in both the params and the options, the name's syntax checked before dispatch.
+// The environment's entry applies to calls on CUDA tensors only: the kernels that take configs are
+// the CUDA rows, and a process that also runs fused_moe on the host keeps its host kernels.
 struct ConfiguredCall {
   FusedMoeParams p;
   RunOptions opts;
@@ -322,10 +324,11 @@ Status configure(const FusedMoeParams& p, const RunOptions& opts, ConfiguredCall
                             : v == MoeVariant::fp8_block ? Sm90Recipe::fp8_block
                                                          : Sm90Recipe::fp8_row;
   const char* cfg = opts.config;
-  if (cfg == nullptr || *cfg == '\0') {
+  if ((cfg == nullptr || *cfg == '\0') && p.x.device == Device::cuda) {
     const std::string& env = config().fused_moe_config[int(recipe)];
     cfg = env.empty() ? nullptr : env.c_str();  // config() lives for the process
   }
+  if (cfg != nullptr && *cfg == '\0') cfg = nullptr;
   out->p.config = cfg;
   out->opts.config = cfg;
   if (cfg == nullptr) return Status::Ok();
