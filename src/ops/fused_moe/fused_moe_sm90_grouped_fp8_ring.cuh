@@ -2,7 +2,8 @@
 // the block-scaled gemms (fused_moe_sm90_grouped_fp8_block_tma.cuh: 128 x 128 and 64 x 256 tiles)
 // and the per-row 64 x 256 gemms (fused_moe_sm90_grouped_fp8.cu, fused_moe_sm90_grouped_fp8_row_tma64).
 // Fp8Ring<kBM> is a tile shape's ring and warpgroup layout, fp8_ring_produce its producer; the
-// schedule and barriers are those of fused_moe_sm90_grouped_tma.cuh (WsSmemT, WsRingT, ws_tile).
+// barriers are those of src/cuda/sm90/ring.cuh (WsSmemT, WsRingT), the schedule that of
+// fused_moe_sm90_grouped_tma.cuh (ws_tile).
 //   kBM = 128: 128 x 128 tiles; consumer warpgroup wg takes rows 64 wg.. and all 128 columns (both
 //              read the stage's two 64-row B boxes);
 //   kBM = 64:  64 x 256 tiles; both warpgroups take the 64 rows, warpgroup wg the columns of B boxes
@@ -68,13 +69,6 @@ struct Fp8Ring {
     return (kBM == 128 ? warp : warp & 3) * 16 + (lane >> 2);
   }
 };
-
-__device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
-}
 
 // Consumer warpgroup wg of an Fp8Ring<kBM> tile (its 64 rows and 128 columns: A rows a_off(wg), B
 // boxes b_off(wg)): each of the KT slices' wgmma m64n128k32 partial sums, in one of two buffers,

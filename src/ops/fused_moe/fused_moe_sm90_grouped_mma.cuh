@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "core/device_facts.h"
+#include "cuda/sm90/smem.cuh"
 
 namespace moekit::cuda::grouped {
 
@@ -63,9 +64,7 @@ struct Tile {
 };
 
 // ---------------------------------------------------------------- PTX wrappers
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using sm90::smem_addr;
 
 // 16-byte global -> shared copy; zero-fills the destination when !valid (reads nothing then).
 // NOTE: .L2::256B lets the L2 fetch the 256-byte sector pair around each copy: the next stage's 128

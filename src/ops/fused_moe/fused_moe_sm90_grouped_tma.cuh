@@ -37,11 +37,32 @@
 #include "core/device_facts.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/pdl.cuh"
+#include "cuda/sm90/mbarrier.cuh"
+#include "cuda/sm90/ring.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/warpgroup.cuh"
 #include "moekit/ops/fused_moe.h"
 
 #include "ops/fused_moe/fused_moe_sm90_grouped_wgmma.cuh"
 
 namespace moekit::cuda::grouped {
+
+// The sm_90a primitives of src/cuda/sm90/ (mbarrier, TMA, setmaxnreg, the stage ring) under the
+// names this header and its includers use.
+using sm90::mbar_arrive;
+using sm90::mbar_arrive_expect_tx;
+using sm90::mbar_init;
+using sm90::mbar_init_fence;
+using sm90::mbar_wait;
+using sm90::setmaxnreg_dec;
+using sm90::setmaxnreg_inc;
+using sm90::tma_load_2d;
+using sm90::tma_prefetch_desc;
+using sm90::ws_extra_smem_of;
+using sm90::ws_init_barriers;
+using sm90::ws_smem_bytes;
+using sm90::WsRingT;
+using sm90::WsSmemT;
 
 constexpr int kWsStages = 4;                       // K slices in flight
 constexpr int kWsConsumerWarps = 8;                // two warpgroups
@@ -61,44 +82,6 @@ static_assert(kWsSmemBytes <= kSm90SmemOptinBytes, "fits the sm_90 shared memory
 constexpr int kWsGroupM = 8;
 constexpr int kWsOneGroupM = 16;
 
-// ---------------------------------------------------------------- mbarrier / TMA wrappers
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase of parity `parity` of the barrier completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-// Box (c0 = first column, c1 = first row) of `map` -> shared `dst`, completing on `bar`.
-// NOTE: the weight (B) boxes with an L2 evict_first policy (.L2::cache_hint, createpolicy) measured
-// slower nearly everywhere (E29).
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-
 // ---------------------------------------------------------------- schedule
 // The work list: num_m used M tiles x n_tiles N tiles. Raster: groups of kWsGroupM consecutive M
 // tiles (about one expert at large T); inside a group the M tile varies fastest, so the CTAs of one
@@ -112,34 +95,15 @@ __device__ __forceinline__ void ws_tile(int t, int num_m, int n_tiles, int& m, i
   n = r / mg;
 }
 
-// Shared-memory addresses of stage s and its barriers; `base` is the 1024-byte aligned start. A ring
-// of kStages stages of kStageBytes each (A first, B kABytes after it), then 2 kStages mbarriers.
-// WsSmem: the 48 KiB stages of the 128 x 256 tiles; the 128 x 128 tiles of the block-scaled fp8
-// kernels use 32 KiB stages and more of them (fused_moe_sm90_grouped_fp8_block_tma.cuh).
-template <int kStages_ = kWsStages, uint32_t kStageBytes_ = kWsStageBytes, uint32_t kABytes_ = kWsABytes>
-struct WsSmemT {
-  static constexpr int kStages = kStages_;
-  static constexpr uint32_t kStageBytes = kStageBytes_;
-  uint32_t base;
-  __device__ __forceinline__ uint32_t a(int s) const { return base + uint32_t(s) * kStageBytes; }
-  __device__ __forceinline__ uint32_t b(int s) const { return a(s) + kABytes_; }
-  __device__ __forceinline__ uint32_t full(int s) const { return base + kStages * kStageBytes + 8u * s; }
-  __device__ __forceinline__ uint32_t empty(int s) const { return full(kStages) + 8u * s; }
-};
-using WsSmem = WsSmemT<>;
-// Dynamic shared memory of a ring: alignment slack + the stages + the barriers.
-template <class Sm>
-constexpr int ws_smem_bytes() {
-  return int(kSw128AtomBytes + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8);
-}
+// The ring (sm90::WsSmemT, WsRingT) of the 48 KiB stages of the 128 x 256 tiles; the 128 x 128
+// tiles of the block-scaled fp8 kernels use 32 KiB stages and more of them (Fp8Ring,
+// fused_moe_sm90_grouped_fp8_ring.cuh).
+using WsSmem = WsSmemT<kWsStages, kWsStageBytes, kWsABytes>;
+using WsRing = WsRingT<kWsStages>;
 static_assert(ws_smem_bytes<WsSmem>() == kWsSmemBytes, "one formula");
 
-// The dynamic shared memory after a ring's stages and barriers (8-byte aligned; Sm: WsSmem, or an
-// Fp8Ring's Smem): the extra_smem bytes of launch_ws_kernel_extra, for the kernel's own use.
-template <class Sm>
-__device__ __forceinline__ unsigned char* ws_extra_smem_of(unsigned char* smem_raw) {
-  return static_cast<unsigned char*>(align_smem_1024(smem_raw)) + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8;
-}
+// The dynamic shared memory after the stages and barriers of WsSmem: the extra_smem bytes of
+// launch_ws_kernel_extra, for the kernel's own use (sm90::ws_extra_smem_of).
 __device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw) {
   return ws_extra_smem_of<WsSmem>(smem_raw);
 }
@@ -147,30 +111,6 @@ __device__ __forceinline__ unsigned char* ws_extra_smem(unsigned char* smem_raw)
 // A barrier of the consumer warpgroups alone (named barrier 1; the producer warpgroup takes no part).
 __device__ __forceinline__ void ws_consumers_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWsConsumerWarps) : "memory");
-}
-
-// Register reallocation between warpgroups (sm_90a; every warp of the warpgroup executes it): the
-// producer gives registers back (dec), the consumers take them (inc); ptxas allocates the code after
-// each up to the new count.
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-// One thread initialises the barriers (empty: one arrive per consumer warp); the caller then
-// synchronises the CTA.
-template <int kConsumerWarps, class Sm>
-__device__ __forceinline__ void ws_init_barriers(const Sm& sm) {
-#pragma unroll
-  for (int s = 0; s < Sm::kStages; ++s) {
-    mbar_init(sm.full(s), 1);
-    mbar_init(sm.empty(s), kConsumerWarps);
-  }
-  mbar_init_fence();
 }
 
 // Shared prologue of the persistent kernels: barriers initialised, descriptors prefetched (by the
@@ -186,20 +126,6 @@ __device__ __forceinline__ Sm ws_setup(unsigned char* smem_raw, const CUtensorMa
   __syncthreads();
   return sm;
 }
-
-// Position in a ring of kStages stages (stage index and the parity of its current phase).
-template <int kStages = kWsStages>
-struct WsRingT {
-  int s = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next() {
-    if (++s == kStages) {
-      s = 0;
-      phase ^= 1u;
-    }
-  }
-};
-using WsRing = WsRingT<>;
 
 // Producer (one thread): K slices [kt0, kt1) of A rows [row0, row0 + BM) (BM: the A map's box rows,
 // 128 or 192) and of the two 128-row B boxes at b_row0 / b_row1, for one tile, into the ring. A slice
