@@ -20,7 +20,7 @@
 #include "fused_moe_test_util.h"
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
-#include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
+#include "cuda/sm90/wgmma_desc.h"
 #include "testing/harness.h"
 #include "testing/oracle_fused_moe.h"
 
@@ -534,7 +534,7 @@ TEST(FusedMoeSm90Grouped, WgmmaDescriptorFields) {
   // Hand-computed: start = addr >> 4 (bits 0-13), leading byte offset 16 B -> 1 (bits 16-29),
   // stride byte offset 1024 B -> 64 (bits 32-45), base offset 0 (bits 49-51), 128B swizzle = 1
   // (bits 62-63).
-  using cuda::grouped::wgmma_desc_sw128;
+  using cuda::sm90::wgmma_desc_sw128;
   EXPECT_EQ(wgmma_desc_sw128(0), 0x4000004000010000ull);
   EXPECT_EQ(wgmma_desc_sw128(0x400), 0x4000004000010040ull);
   EXPECT_EQ(wgmma_desc_sw128(0x30400), 0x4000004000013040ull);  // 197 632: the top of a 193 KiB smem

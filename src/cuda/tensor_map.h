@@ -1,6 +1,6 @@
 // Host side of the Hopper bulk tensor copy (TMA): encoding a 2-D tensor map for a K-contiguous bf16 /
 // f16 / fp8 matrix, boxes of 128 bytes (K) x box_rows rows with the 128-byte swizzle that the wgmma descriptors of
-// ops/fused_moe/fused_moe_sm90_grouped_desc.h expect (8-row atoms of 1024 bytes).
+// cuda/sm90/wgmma_desc.h expect (8-row atoms of 1024 bytes).
 // cuTensorMapEncodeTiled is a driver API entry point; it is looked up once through the runtime
 // (cudaGetDriverEntryPointByVersion) so the library links no libcuda and the static runtime stays
 // enough. CUDA-only header: include only from .cu files.

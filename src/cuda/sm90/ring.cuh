@@ -7,7 +7,7 @@
 
 #include "cuda/sm90/mbarrier.cuh"
 #include "cuda/sm90/smem.cuh"
-#include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
+#include "cuda/sm90/wgmma_desc.h"
 
 namespace moekit::cuda::sm90 {
 
@@ -27,7 +27,7 @@ struct WsSmemT {
 // Dynamic shared memory of a ring: alignment slack + the stages + the barriers.
 template <class Sm>
 constexpr int ws_smem_bytes() {
-  return int(grouped::kSw128AtomBytes + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8);
+  return int(kSw128AtomBytes + Sm::kStages * Sm::kStageBytes + 2 * Sm::kStages * 8);
 }
 
 // The dynamic shared memory after a ring's stages and barriers (8-byte aligned; Sm: a WsSmemT): the

@@ -1,11 +1,11 @@
 // Shared-memory addresses as the 32-bit operands of the sm_90a async instructions (mbarrier, TMA,
-// wgmma descriptors), the 1024-byte alignment of 128-byte-swizzled tiles, and the async-proxy fence.
+// wgmma descriptors) and the 1024-byte alignment of 128-byte-swizzled tiles.
 // CUDA-only header: include only from .cu / .cuh files.
 #pragma once
 
 #include <cstdint>
 
-#include "ops/fused_moe/fused_moe_sm90_grouped_desc.h"
+#include "cuda/sm90/wgmma_desc.h"
 
 namespace moekit::cuda::sm90 {
 
@@ -16,11 +16,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // The first byte at or after p (shared memory) on a 1024-byte boundary: where the stages start.
 __device__ __forceinline__ void* align_smem_1024(unsigned char* p) {
   const uint32_t a = smem_addr(p);
-  return p + ((grouped::kSw128AtomBytes - a % grouped::kSw128AtomBytes) % grouped::kSw128AtomBytes);
-}
-
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  return p + ((kSw128AtomBytes - a % kSw128AtomBytes) % kSw128AtomBytes);
 }
 
 }  // namespace moekit::cuda::sm90

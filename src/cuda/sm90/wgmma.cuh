@@ -1,6 +1,6 @@
 // The sm_90a wgmma pieces of the TMA + wgmma kernels: the accumulator layout, the fences and waits,
 // and the m64n256k16 (bf16 / f16), m64n256k32, m64n128k32 and m64n64k32 (e4m3) instruction wrappers
-// with A and B read from shared memory through matrix descriptors (fused_moe_sm90_grouped_desc.h).
+// with A and B read from shared memory through matrix descriptors (wgmma_desc.h).
 #pragma once
 
 #include <cuda_bf16.h>

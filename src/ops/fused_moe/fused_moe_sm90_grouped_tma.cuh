@@ -204,7 +204,7 @@ __device__ __forceinline__ void ws_consume_tile(const Sm& sm, WsRingT<kStages>& 
     } else {
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
-        // +32 bytes per k16 step = +2 in the start-address field (see fused_moe_sm90_grouped_desc.h).
+        // +32 bytes per k16 step = +2 in the start-address field (see cuda/sm90/wgmma_desc.h).
         WgmmaOp<TT>::run(acc.v[0], da + uint64_t(2 * ks), db + uint64_t(2 * ks));
       }
     }

@@ -1,5 +1,5 @@
 // The 64-bit shared-memory matrix descriptor of sm_90a wgmma (PTX ISA "Matrix Descriptor Format"),
-// for the one layout fused_moe_sm90_grouped uses: K-major tiles whose rows are 64 16-bit elements
+// for the one layout the fused_moe grouped kernels use: K-major tiles whose rows are 64 16-bit elements
 // (128 bytes), 16-byte chunks XOR-swizzled by (row % 8) (the 128-byte swizzle), 8-row groups
 // 1024 bytes apart, every tile based at a 1024-byte aligned shared address.
 //   bits  0-13  start address >> 4          bits 32-45  stride byte offset >> 4 (8-row groups)
@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace moekit::cuda::grouped {
+namespace moekit::cuda::sm90 {
 
 constexpr uint32_t kSw128AtomBytes = 1024;  // 8 rows x 128 bytes: the stride byte offset
 
@@ -26,4 +26,4 @@ constexpr uint64_t wgmma_desc_sw128(uint32_t smem_addr) {
          | (uint64_t(1) << 62);                                  // 128-byte swizzle
 }
 
-}  // namespace moekit::cuda::grouped
+}  // namespace moekit::cuda::sm90
