@@ -139,33 +139,27 @@ for r in rows:
 PY
 fi
 if has sweep; then
-  # Every config the auto kernel can run, per (model, scheme, T), without the cuBLAS baseline; one CSV
-  # per run, then sweep.csv (tests/data/fused_moe_sm90_sweep.csv records one; tests/test_fused_moe_sm90_sweep.cpp reads it).
-  for m in ${SWEEP_MODELS:-mixtral deepseek-v3 qwen3-moe}; do
-    for sc in ${SWEEP_SCHEMES:-bf16 fp8_tensor fp8_block}; do
-      k=fused_moe_sm90_bf16; [ "$sc" != bf16 ] && k=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && k=fused_moe_sm90_fp8_block
-      timeout ${SWEEP_LIMIT:-150} $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" \
-        --scheme "$sc" --kernel $k --config all --no-baseline --iters ${SWEEP_ITERS:-20} \
-        --csv "$L/sweep_${m}_$sc.csv" > "$L/sweep_${m}_$sc.txt" 2>&1
-      say "sweep $m $sc rc=$? $(grep -c ' ok ' "$L/sweep_${m}_$sc.txt") rows"
+  # Every config the auto kernel can run, per (shape, scheme, T), without the cuBLAS baseline; one CSV
+  # per run, then sweep.csv (tests/data/fused_moe_sm90_sweep.csv records one;
+  # tests/test_fused_moe_sm90_sweep.cpp reads it). Shapes: the presets of SWEEP_MODELS and the custom
+  # SWEEP_SHAPES="name:E,k,H,I ..." (e.g. kimi-k2:384,8,7168,2048).
+  sweep_one() {  # sweep_one NAME SCHEME SHAPE-ARGS...
+    local name=$1 sc=$2; shift 2
+    local k=fused_moe_sm90_bf16
+    [ "$sc" != bf16 ] && k=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && k=fused_moe_sm90_fp8_block
+    timeout ${SWEEP_LIMIT:-150} $B/moekit bench --op fused_moe --backend cuda "$@" --tokens "$TOKENS" \
+      --scheme "$sc" --kernel $k --config all --no-baseline --iters ${SWEEP_ITERS:-20} \
+      --csv "$L/sweep_${name}_$sc.csv" > "$L/sweep_${name}_$sc.txt" 2>&1
+    say "sweep $name $sc rc=$?"
+  }
+  for sc in ${SWEEP_SCHEMES:-bf16 fp8_tensor fp8_block}; do
+    for m in ${SWEEP_MODELS-mixtral deepseek-v3 qwen3-moe}; do sweep_one "$m" "$sc" --model "$m" --full; done
+    for sh in ${SWEEP_SHAPES:-}; do
+      IFS=, read -r e k h i <<< "${sh#*:}"
+      sweep_one "${sh%%:*}" "$sc" --experts "$e" --topk "$k" --hidden "$h" --inter "$i"
     done
   done
-  python3 - "$L" <<'PY' | tee -a "$S"
-import csv, glob, os, sys
-out = sys.argv[1]
-keys = ["model", "scheme", "tokens", "config", "config_picked", "time_us", "status"]
-rows = []
-for f in sorted(glob.glob(os.path.join(out, "sweep_*.csv"))):
-    stem = os.path.basename(f)[6:-4]  # sweep_{model}_{scheme}.csv
-    for r in csv.DictReader(open(f)):
-        rows.append(dict(r, model=stem[:-len(r["scheme"]) - 1]))
-with open(os.path.join(out, "sweep.csv"), "w", newline="") as fh:
-    w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-print(f"sweep.csv: {len(rows)} rows")
-PY
+  python3 scripts/sweep_csv.py "$L" "$L/sweep.csv" | tee -a "$S"
   cp "$L/sweep.csv" "$OUT/" 2>/dev/null
 fi
 if has python; then

@@ -1,5 +1,6 @@
 // The rules' configs against a recorded H200 sweep (tests/data/fused_moe_sm90_sweep.csv, written by
-// `STEPS=sweep scripts/gpu_run.sh`: every config the auto kernels can run, per preset, scheme and T).
+// `STEPS=sweep scripts/gpu_run.sh` and scripts/sweep_csv.py: every config the auto kernels can run,
+// per shape (presets and custom E, k, H, I; g1u1), scheme and T).
 // For each recorded problem, the config select_sm90_config picks today, for the H200's facts, must
 // have been measured and be within kMargin of the fastest config measured for that problem. A rule
 // change that moves a pick off the recorded grid, or onto a slow config, fails here; then re-record.
@@ -16,8 +17,6 @@
 #include "core/device_facts.h"
 #include "ops/fused_moe/fused_moe_sm90_config.h"
 #include "test_data_dir.h"
-#include "testing/harness.h"
-#include "testing/oracle_fused_moe.h"
 
 namespace moekit::testing {
 namespace {
@@ -28,6 +27,7 @@ namespace {
 constexpr double kMargin = 0.05;
 
 struct Cell {
+  int64_t E = 0, k = 0, H = 0, I = 0;
   std::map<std::string, double> us;  // config -> median time
 };
 
@@ -51,7 +51,7 @@ std::map<std::string, Cell> load_sweep(std::string* why) {
   }
   const std::vector<std::string> head = split_csv_line(line);
   for (size_t i = 0; i < head.size(); ++i) col[head[i]] = i;
-  for (const char* c : {"model", "scheme", "tokens", "config", "time_us", "status"}) {
+  for (const char* c : {"model", "scheme", "tokens", "E", "k", "H", "I", "config", "time_us", "status"}) {
     if (!col.count(c)) *why = std::string("column ") + c + " missing";
   }
   if (!why->empty()) return cells;
@@ -59,22 +59,19 @@ std::map<std::string, Cell> load_sweep(std::string* why) {
     const std::vector<std::string> r = split_csv_line(line);
     if (r.size() < head.size() || r[col["status"]] != "ok" || r[col["time_us"]].empty()) continue;
     const std::string key = r[col["model"]] + "|" + r[col["scheme"]] + "|" + r[col["tokens"]];
-    cells[key].us[r[col["config"]]] = std::stod(r[col["time_us"]]);
+    Cell& c = cells[key];
+    c.E = std::stoll(r[col["E"]]), c.k = std::stoll(r[col["k"]]), c.H = std::stoll(r[col["H"]]);
+    c.I = std::stoll(r[col["I"]]);
+    c.us[r[col["config"]]] = std::stod(r[col["time_us"]]);
   }
   return cells;
 }
 
-Sm90Problem problem_of(const std::string& model, const std::string& scheme, int64_t T) {
-  ShapeRequest req;
-  req.model = model;
-  req.full = true;
-  MoeShape s;
-  const Status st = resolve_shape(req, T, &s);
-  EXPECT_TRUE(st.ok()) << st.to_string();
+Sm90Problem problem_of(const Cell& c, const std::string& scheme, int64_t T) {
   Sm90Problem p;
   p.recipe = scheme == "bf16" ? Sm90Recipe::bf16 : scheme == "fp8_block" ? Sm90Recipe::fp8_block : Sm90Recipe::fp8_row;
-  p.T = T, p.k = s.k, p.E = p.Eg = s.E, p.H = s.H, p.I = s.I;
-  p.g1u1 = s.g1u1;
+  p.T = T, p.k = c.k, p.E = p.Eg = c.E, p.H = c.H, p.I = c.I;
+  p.g1u1 = true;
   return p;
 }
 
@@ -90,7 +87,7 @@ TEST(FusedMoeSm90Sweep, PicksAreWithinTheMarginOfTheFastestMeasured) {
     std::getline(ks, model, '|');
     std::getline(ks, scheme, '|');
     std::getline(ks, tokens, '|');
-    const Sm90Problem p = problem_of(model, scheme, std::stoll(tokens));
+    const Sm90Problem p = problem_of(cell, scheme, std::stoll(tokens));
     const std::string pick = sm90_config_name(select_sm90_config(p, kH200Facts));
     double best = INFINITY;
     std::string best_name;
