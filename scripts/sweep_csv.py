@@ -27,11 +27,16 @@ def main():
         stem = os.path.basename(path)[len("sweep_"):-len(".csv")]
         with open(path, newline="") as fh:
             for r in csv.DictReader(fh):
+                model = stem[:-len(r["scheme"]) - 1]
+                # A custom shape's run also times the scaled presets (`moekit bench` without --model):
+                # keep the rows of the run's own shape only.
+                if r.get("case") not in (model, "custom"):
+                    continue
                 dims = dict(re.findall(r"\b(E|k|H|I)=(\d+)", r.get("shape", "")))
                 if len(dims) != 4:
                     print(f"{path}: no E, k, H, I in shape {r.get('shape')!r}", file=sys.stderr)
                     continue
-                rows.append(dict(r, model=stem[:-len(r["scheme"]) - 1], **dims))
+                rows.append(dict(r, model=model, **dims))
     with open(out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=KEYS, extrasaction="ignore", lineterminator="\n")
         w.writeheader()

@@ -70,8 +70,13 @@ struct FusedMoeParams {
                                   //   caller's value is replaced
 };
 
-// The variant SPEC 6 picks for these params (validation is separate).
-MoeVariant fused_moe_variant(const FusedMoeParams& p);
+// The variant SPEC 6 picks for these params (validation is separate). Inline: the backends' kernels
+// call it too, and they link below the front doors.
+inline MoeVariant fused_moe_variant(const FusedMoeParams& p) {
+  if (!is_fp8(p.w1.dtype)) return MoeVariant::unquantized;
+  if (p.scale_block_n > 0 || p.scale_block_k > 0) return MoeVariant::fp8_block;
+  return p.weight_on_input ? MoeVariant::fp8_row_tkw1 : MoeVariant::fp8_row;
+}
 
 Status fused_moe(const FusedMoeParams& p, const RunOptions& opts = {});
 Status validate_fused_moe(const FusedMoeParams& p);

@@ -43,13 +43,6 @@ bool parse_activation(const char* s, Activation* out) {
   return false;
 }
 
-MoeVariant fused_moe_variant(const FusedMoeParams& p) {
-  if (!is_fp8(p.w1.dtype)) return MoeVariant::unquantized;
-  if (p.scale_block_n > 0 || p.scale_block_k > 0) return MoeVariant::fp8_block;
-  if (p.weight_on_input) return MoeVariant::fp8_row_tkw1;
-  return MoeVariant::fp8_row;
-}
-
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
