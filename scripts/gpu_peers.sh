@@ -26,7 +26,8 @@ echo "peers rc=$?"
 T=$(mktemp -d)
 for m in ${MODELS//,/ }; do
   for sc in bf16 fp8_channel fp8_block; do
-    timeout 90 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" --scheme "$sc" \
+    k=fused_moe_sm90_bf16; [ "$sc" != bf16 ] && k=fused_moe_sm90_fp8_row; [ "$sc" = fp8_block ] && k=fused_moe_sm90_fp8_block
+    timeout 90 $B/moekit bench --op fused_moe --backend cuda --model "$m" --full --tokens "$TOKENS" --scheme "$sc" --kernel $k \
       --iters "${ITERS:-20}" --no-baseline --csv "$T/moekit_${m}_$sc.csv" > "$T/moekit_${m}_$sc.txt" 2>&1
     echo "moekit $m $sc rc=$?"
   done
