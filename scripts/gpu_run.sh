@@ -156,7 +156,7 @@ if has sweep; then
     for m in ${SWEEP_MODELS-mixtral deepseek-v3 qwen3-moe}; do sweep_one "$m" "$sc" --model "$m" --full; done
     for sh in ${SWEEP_SHAPES:-}; do
       IFS=, read -r e k h i <<< "${sh#*:}"
-      sweep_one "${sh%%:*}" "$sc" --experts "$e" --topk "$k" --hidden "$h" --inter "$i"
+      sweep_one "${sh%%:*}" "$sc" --model custom --experts "$e" --topk "$k" --hidden "$h" --inter "$i"
     done
   done
   python3 scripts/sweep_csv.py "$L" "$L/sweep.csv" | tee -a "$S"

@@ -28,8 +28,8 @@ def main():
         with open(path, newline="") as fh:
             for r in csv.DictReader(fh):
                 model = stem[:-len(r["scheme"]) - 1]
-                # A custom shape's run also times the scaled presets (`moekit bench` without --model):
-                # keep the rows of the run's own shape only.
+                # The run's own shape only (a custom shape run without --model custom also times the
+                # scaled presets).
                 if r.get("case") not in (model, "custom"):
                     continue
                 dims = dict(re.findall(r"\b(E|k|H|I)=(\d+)", r.get("shape", "")))

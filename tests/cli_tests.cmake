@@ -44,6 +44,7 @@ moekit_cli_usage_error(missing_value --experts check --experts)
 moekit_cli_usage_error(no_subcommand subcommand)
 moekit_cli_usage_error(bench_missing_op --op bench)
 moekit_cli_usage_error(bench_unknown_model --model bench --op topk_softmax --model foo)
+moekit_cli_usage_error(custom_model_needs_sizes --model check --model custom)
 moekit_cli_usage_error(bench_ep_needs_fused_moe --ep bench --op topk_softmax --ep 2)
 moekit_cli_usage_error(bench_zero_tokens --tokens bench --op topk_softmax --tokens 0)
 moekit_cli_usage_error(bench_zero_iters --iters bench --op topk_softmax --iters 0)
@@ -63,6 +64,9 @@ endif()
 
 # ---- check and bench through the harness hooks
 moekit_cli_test(check_topk_softmax_ref "\"$0\" check --op topk_softmax --backend ref" needs-hooks)
+# --model custom: the size flags' shape alone, no preset.
+moekit_cli_test(check_model_custom
+  "out=$(\"$0\" check --op fused_moe --backend ref --model custom --experts 4 --topk 2 --hidden 64 --inter 64 --tokens 3 --no-edge-cases --json) || exit 1; echo \"$out\" | grep -q 'custom E=4' && ! echo \"$out\" | grep -q mixtral" needs-hooks)
 
 if(MOEKIT_PYTHON3)
   # JSON output: valid, and every stable key present (docs/cli.md lists them).

@@ -153,7 +153,10 @@ Status parse_problem_set(const ShapeFlags& f, int64_t min_tokens, ProblemSet* ou
   const bool sizes_given = !f.experts.empty() || !f.topk.empty() || !f.hidden.empty() || !f.inter.empty();
 
   ProblemSet ps;
-  if (f.model.empty() || f.model == "all") {
+  if (f.model == "custom") {  // the size flags' shape alone
+    if (!sizes_given) return InvalidArgument("--model custom: give the shape with --experts / --topk / --hidden / --inter");
+    ps.requests.push_back(sized);
+  } else if (f.model.empty() || f.model == "all") {
     for (const testing::ModelPreset& p : testing::model_presets()) {
       testing::ShapeRequest r = base;
       r.model = p.name;
@@ -162,7 +165,7 @@ Status parse_problem_set(const ShapeFlags& f, int64_t min_tokens, ProblemSet* ou
     if (sizes_given) ps.requests.push_back(sized);
   } else {
     if (testing::find_preset(f.model) == nullptr) {
-      return InvalidArgument("--model: unknown model '", f.model, "' (", preset_names(), ", all)");
+      return InvalidArgument("--model: unknown model '", f.model, "' (", preset_names(), ", all, custom)");
     }
     sized.model = f.model;
     ps.requests.push_back(sized);

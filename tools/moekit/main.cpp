@@ -24,7 +24,7 @@ using moekit::cli::ShapeFlags;
 
 void add_shape_flags(CLI::App* sub, ShapeFlags* f) {
   sub->add_option("--model", f->model,
-      "Model preset: mixtral, deepseek-v3, llama4, qwen3-moe, all (default: all)")
+      "Model preset: mixtral, deepseek-v3, llama4, qwen3-moe, all (default: all), or custom (only the shape of --experts / --topk / --hidden / --inter)")
       ->type_name("NAME");
   sub->add_option("--experts", f->experts, "Experts E (custom shape, or override of --model)")->type_name("E");
   sub->add_option("--topk", f->topk, "Experts per token k (1 <= k <= E)")->type_name("K");
