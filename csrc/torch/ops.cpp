@@ -328,13 +328,14 @@ void fused_moe_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor
                     const OptTensor& w2_scale, const OptTensor& a1_scale, const OptTensor& expert_mask,
                     const OptTensor& expert_map, const std::string& activation, bool apply_router_weight_on_input,
                     int64_t block_n, int64_t block_k, bool round_intermediate, const std::string& weight_layout,
-                    const OptStr& kernel) {
+                    const OptStr& kernel, const OptStr& config) {
   const at::OptionalDeviceGuard guard(at::device_of(x));
   FusedMoeParams p = fused_moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, expert_mask,
                                       expert_map, activation, apply_router_weight_on_input, block_n, block_k,
                                       weight_layout);
   p.round_intermediate = round_intermediate;
   RunOptions opts = run_options(x.device(), kernel);
+  if (config) opts.config = config->c_str();  // docs/fused_moe_configs.md
   const at::Tensor ws = moe_workspace(p, x.device(), &opts, "fused_moe");
   throw_if_error(fused_moe(p, opts), "fused_moe");
 }
@@ -344,13 +345,16 @@ std::string fused_moe_kernel_impl(const at::Tensor& out, const at::Tensor& x, co
                                   const OptTensor& w1_scale, const OptTensor& w2_scale, const OptTensor& a1_scale,
                                   const OptTensor& expert_mask, const OptTensor& expert_map,
                                   const std::string& activation, bool apply_router_weight_on_input, int64_t block_n,
-                                  int64_t block_k, const std::string& weight_layout, const OptStr& kernel) {
+                                  int64_t block_k, const std::string& weight_layout, const OptStr& kernel,
+                                  const OptStr& config) {
   const at::OptionalDeviceGuard guard(at::device_of(x));
   const FusedMoeParams p = fused_moe_params(out, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
                                             expert_mask, expert_map, activation, apply_router_weight_on_input,
                                             block_n, block_k, weight_layout);
+  RunOptions opts = run_options(x.device(), kernel);
+  if (config) opts.config = config->c_str();
   std::string name;
-  throw_if_error(fused_moe_kernel_name(p, run_options(x.device(), kernel), &name), "fused_moe_kernel");
+  throw_if_error(fused_moe_kernel_name(p, opts, &name), "fused_moe_kernel");
   return name;
 }
 

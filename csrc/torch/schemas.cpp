@@ -53,14 +53,15 @@ TORCH_LIBRARY(moekit, m) {
       "Tensor topk_ids, Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor? a1_scale=None, "
       "Tensor? expert_mask=None, Tensor? expert_map=None, str activation=\"silu\", "
       "bool apply_router_weight_on_input=False, int block_n=0, int block_k=0, "
-      "bool round_intermediate=True, str weight_layout=\"row_major\", str? kernel_name=None) -> ()");
+      "bool round_intermediate=True, str weight_layout=\"row_major\", str? kernel_name=None, "
+      "str? config=None) -> ()");
   // The kernel fused_moe would run for these arguments (nothing is written): for engines' logs.
   m.def(
       "fused_moe_kernel(Tensor out, Tensor hidden_states, Tensor w1, Tensor w2, Tensor topk_weights, "
       "Tensor topk_ids, Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor? a1_scale=None, "
       "Tensor? expert_mask=None, Tensor? expert_map=None, str activation=\"silu\", "
       "bool apply_router_weight_on_input=False, int block_n=0, int block_k=0, "
-      "str weight_layout=\"row_major\", str? kernel_name=None) -> str");
+      "str weight_layout=\"row_major\", str? kernel_name=None, str? config=None) -> str");
 
   // ---- AITER names (include/moekit/aiter.h) ----
   m.def(

@@ -268,7 +268,8 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                   *, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
                   block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
                   w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
-                  weight_layout: str = "row_major", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  weight_layout: str = "row_major", out: Optional[torch.Tensor] = None,
+                  config: Optional[str] = None) -> torch.Tensor:
     """Fused MoE (SPEC 3), vLLM 0.33's fused_experts: returns out [T, H] of hidden_states' dtype
     (written in place when given).
 
@@ -292,6 +293,10 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     weight_layout: how w1 and w2 are laid out, never guessed (a laid-out tensor keeps its shape and
     dtype): "row_major", "cpu_vnni2_n32" (from prepack: the AVX-512 BF16 CPU kernels' fast path) or
     "shuffled_16x16" (from shuffle_weight / prepack).
+    config: the CUDA kernels' config to run (docs/fused_moe_configs.md, e.g. "grouped/64x256.ring5+k2";
+    over MOEKIT_FUSED_MOE_CONFIG); only kernels that take configs may then run the call, so a CPU
+    call with one fails. The pure-torch reference (MOEKIT_USE_FUSED_MOE=0) has no configs and
+    ignores it.
     """
     if not USE_FUSED_MOE:
         return _reference().ref_fused_experts(
@@ -303,7 +308,7 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
                                       apply_router_weight_on_input, global_num_experts, expert_map, quant_config,
                                       dict(use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
                                            block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
-                                           a1_scale=a1_scale), weight_layout, out)
+                                           a1_scale=a1_scale), weight_layout, out, config)
     torch.ops.moekit.fused_moe(*args, **kwargs)
     return args[0]
 
@@ -314,7 +319,8 @@ def fused_experts_kernel(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torc
                          quant_config: Any = None, *, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
                          block_shape: Optional[Sequence[int]] = None, w1_scale: Optional[torch.Tensor] = None,
                          w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
-                         weight_layout: str = "row_major", out: Optional[torch.Tensor] = None) -> str:
+                         weight_layout: str = "row_major", out: Optional[torch.Tensor] = None,
+                         config: Optional[str] = None) -> str:
     """The name of the moekit kernel fused_experts would run for the same arguments, without running
     it (the registry's rule, MOEKIT_BACKEND / MOEKIT_FORCE_KERNEL included; the same checks and
     errors). What an engine logs; "reference" under MOEKIT_USE_FUSED_MOE=0. No host sync for int32
@@ -325,12 +331,12 @@ def fused_experts_kernel(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torc
                                       apply_router_weight_on_input, global_num_experts, expert_map, quant_config,
                                       dict(use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
                                            block_shape=block_shape, w1_scale=w1_scale, w2_scale=w2_scale,
-                                           a1_scale=a1_scale), weight_layout, out)
+                                           a1_scale=a1_scale), weight_layout, out, config)
     return torch.ops.moekit.fused_moe_kernel(*args, **kwargs)
 
 
 def _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input,
-                       global_num_experts, expert_map, quant_config, extras, weight_layout, out):
+                       global_num_experts, expert_map, quant_config, extras, weight_layout, out, config=None):
     """fused_experts' checks and conversions: the arguments of torch.ops.moekit.fused_moe (and of
     fused_moe_kernel), `out` first (allocated when None), after every check has passed."""
     act = _vllm_args.activation_name(activation, w1, w2, "moekit: ")
@@ -349,6 +355,7 @@ def _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation
     _require(not per_channel_quant or (w1_scale is not None and w1_scale.dim() >= 2 and block_shape is None),
              "per_channel_quant: needs per-row w1_scale [E, N] or [E, N, 1] and no block_shape, got "
              f"w1_scale shape {None if w1_scale is None else list(w1_scale.shape)}")
+    _require(config is None or isinstance(config, str), f"config: a config name (str) or None, got {config!r}")
     _require(w1.dim() == 3, f"w1: must be 3-D [E, 2I (or I), H], got shape {list(w1.shape)}")
     E = w1.shape[0]
     if expert_map is not None:
@@ -369,7 +376,7 @@ def _fused_moe_op_args(hidden_states, w1, w2, topk_weights, topk_ids, activation
     _follow_torch_threads(hidden_states)
     bn, bk = (int(block_shape[0]), int(block_shape[1])) if block_shape is not None else (0, 0)
     return ((out, hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, None, expert_map, act,
-             apply_router_weight_on_input, bn, bk), dict(weight_layout=weight_layout))
+             apply_router_weight_on_input, bn, bk), dict(weight_layout=weight_layout, config=config))
 
 
 # ------------------------------------------------------------------------------ weight layout

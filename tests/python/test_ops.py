@@ -358,6 +358,25 @@ def test_aiter_names_match_fused_moe():
     assert torch.equal(got, want)
 
 
+def test_fused_experts_config(device):
+    """config= (docs/fused_moe_configs.md): a malformed name is a ValueError on any device; on the CPU
+    no kernel takes configs, so a well-formed one is refused (NotImplementedError naming the config);
+    on CUDA the named config runs and gives the kernel's own result (small_m, then the grouped tile
+    the rules pick), and fused_experts_kernel names the row that ran it."""
+    x, w1, w2, w, ids = moe_problem(8, 256, 128, 4, 2, seed=3, device=device)
+    with pytest.raises(ValueError, match="mainloop must be mma, ws or ring"):
+        moekit.fused_experts(x, w1, w2, w, ids, config="grouped/64x256.wgmma4")
+    if device == "cpu":
+        with pytest.raises(NotImplementedError, match="config 'small_m'"):
+            moekit.fused_experts(x, w1, w2, w, ids, config="small_m")
+        return
+    base = moekit.fused_experts(x, w1, w2, w, ids)
+    assert moekit.fused_experts_kernel(x, w1, w2, w, ids, config="small_m") == "fused_moe_sm90_bf16"
+    for cfg in ("small_m", "grouped/64x256.mma4"):
+        got = moekit.fused_experts(x, w1, w2, w, ids, config=cfg)
+        assert (got.float() - base.float()).abs().max() <= 0.02 * base.float().abs().max(), cfg
+
+
 # -------------------------------------------------------------------------------------- errors
 def test_errors_name_the_argument_and_leave_outputs_untouched():
     x, w1, w2, w, ids = moe_problem(4, 64, 32, 4, 2, seed=1)
