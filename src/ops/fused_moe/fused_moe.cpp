@@ -312,13 +312,10 @@ struct ConfiguredCall {
 Status configure(const FusedMoeParams& p, const RunOptions& opts, ConfiguredCall* out) {
   out->p = p;
   out->opts = opts;
-  const MoeVariant v = fused_moe_variant(p);
-  const Sm90Recipe recipe = v == MoeVariant::unquantized ? Sm90Recipe::bf16
-                            : v == MoeVariant::fp8_block ? Sm90Recipe::fp8_block
-                                                         : Sm90Recipe::fp8_row;
+  const Sm90Recipe recipe = sm90_recipe_of(fused_moe_variant(p));
   const char* cfg = opts.config;
   if ((cfg == nullptr || *cfg == '\0') && p.x.device == Device::cuda) {
-    const std::string& env = config().fused_moe_config[int(recipe)];
+    const std::string& env = config().fused_moe_config[fused_moe_config_slot(sm90_recipe_name(recipe))];
     cfg = env.empty() ? nullptr : env.c_str();  // config() lives for the process
   }
   if (cfg != nullptr && *cfg == '\0') cfg = nullptr;

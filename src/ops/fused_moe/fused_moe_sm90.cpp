@@ -65,16 +65,6 @@ constexpr RecipeKernels kFp8Block{fused_moe_small_m_fp8_block_supports,
                                   fused_moe_sm90_grouped_fp8_block_config_workspace_bytes,
                                   fused_moe_sm90_grouped_fp8_block_config_run};
 
-Sm90Recipe recipe_of(const FusedMoeParams& p) {
-  switch (fused_moe_variant(p)) {
-    case MoeVariant::fp8_block: return Sm90Recipe::fp8_block;
-    case MoeVariant::fp8_row:
-    case MoeVariant::fp8_row_tkw1: return Sm90Recipe::fp8_row;
-    default: break;
-  }
-  return Sm90Recipe::bf16;
-}
-
 const RecipeKernels& kernels_of(Sm90Recipe r) {
   return r == Sm90Recipe::fp8_block ? kFp8Block : r == Sm90Recipe::fp8_row ? kFp8Row : kBf16;
 }
@@ -82,17 +72,10 @@ const RecipeKernels& kernels_of(Sm90Recipe r) {
 Sm90Problem problem_of(const FusedMoeParams& p) {
   const MoeDims d = moe_dims(p);
   Sm90Problem q;
-  q.recipe = recipe_of(p);
+  q.recipe = sm90_recipe_of(fused_moe_variant(p));
   q.T = d.T, q.k = d.k, q.E = d.E, q.Eg = d.Eg, q.H = d.H, q.I = d.I;
   q.g1u1 = d.g1u1;
   return q;
-}
-
-Sm90Config small_m_config(Sm90Recipe r) {
-  Sm90Config c;
-  c.recipe = r;
-  c.strategy = Sm90Strategy::small_m;
-  return c;
 }
 
 const char* strategy_name(Sm90Strategy s) { return s == Sm90Strategy::small_m ? "small_m" : "grouped"; }
@@ -127,7 +110,7 @@ Status plan(const FusedMoeParams& p, Only only, Plan* out) {
     out->why = std::string("config '") + p.config + "'";
     return Status::Ok();
   }
-  const Sm90Config preferred = only == Only::small_m   ? small_m_config(q.recipe)
+  const Sm90Config preferred = only == Only::small_m   ? sm90_small_m_config(q.recipe)
                                : only == Only::grouped ? select_sm90_grouped_config(q, dev)
                                                        : select_sm90_config(q, dev);
   const Status s1 = strategy_supports(k, preferred.strategy, p);
@@ -138,7 +121,7 @@ Status plan(const FusedMoeParams& p, Only only, Plan* out) {
   }
   if (only != Only::any) return s1;
   const Sm90Config other = preferred.strategy == Sm90Strategy::small_m ? select_sm90_grouped_config(q, dev)
-                                                                       : small_m_config(q.recipe);
+                                                                       : sm90_small_m_config(q.recipe);
   const Status s2 = strategy_supports(k, other.strategy, p);
   if (s2.ok()) {
     out->c = other;

@@ -36,12 +36,6 @@ Sm90Config grouped(Sm90Recipe r, int m, int n, Sm90Mainloop loop) {
   return c;
 }
 
-Sm90Config small_m(Sm90Recipe r) {
-  Sm90Config c;
-  c.recipe = r;
-  return c;
-}
-
 // The pipeline depth a tile's kernels are compiled with (the block mma tiles: 4, or 5 by D11).
 int tile_stages(const Sm90Config& c) {
   if (c.mainloop == Sm90Mainloop::ring) return c.tile_m == 64 ? 5 : (c.tile_n == 128 ? 7 : 4);
@@ -150,15 +144,6 @@ int max_splits(const Sm90Config& c) {
   return c.mainloop == Sm90Mainloop::ring && c.tile_m == 64 ? 4 : 1;
 }
 
-const char* recipe_name(Sm90Recipe r) {
-  switch (r) {
-    case Sm90Recipe::fp8_row: return "fp8_row";
-    case Sm90Recipe::fp8_block: return "fp8_block";
-    case Sm90Recipe::bf16: break;
-  }
-  return "bf16";
-}
-
 std::string family_list(const Sm90Problem& p) {
   std::string s;
   for (const Sm90Config& f : grouped_families(p)) {
@@ -177,7 +162,7 @@ std::string tile_refusal(const Sm90Problem& p, const Sm90Config& c) {
   for (const Sm90Config& f : grouped_families(any)) {
     compiled |= f.tile_m == c.tile_m && f.tile_n == c.tile_n && f.mainloop == c.mainloop;
   }
-  if (!compiled) return std::string("not a tile of the ") + recipe_name(p.recipe) + " kernels (they have " + family_list(any) + ")";
+  if (!compiled) return std::string("not a tile of the ") + sm90_recipe_name(p.recipe) + " kernels (they have " + family_list(any) + ")";
   const int64_t slice = p.recipe == Sm90Recipe::bf16 ? 64 : 128;
   if (p.H % slice != 0 || p.I % slice != 0) return "H and I must be multiples of " + std::to_string(slice) + at;
   if (c.mainloop == Sm90Mainloop::mma) {
@@ -229,6 +214,31 @@ bool parse_int(const std::string& s, int* out) {
 
 }  // namespace
 
+Sm90Recipe sm90_recipe_of(MoeVariant v) {
+  switch (v) {
+    case MoeVariant::fp8_block: return Sm90Recipe::fp8_block;
+    case MoeVariant::fp8_row:
+    case MoeVariant::fp8_row_tkw1: return Sm90Recipe::fp8_row;
+    default: break;
+  }
+  return Sm90Recipe::bf16;
+}
+
+const char* sm90_recipe_name(Sm90Recipe r) {
+  switch (r) {
+    case Sm90Recipe::fp8_row: return "fp8_row";
+    case Sm90Recipe::fp8_block: return "fp8_block";
+    case Sm90Recipe::bf16: break;
+  }
+  return "bf16";
+}
+
+Sm90Config sm90_small_m_config(Sm90Recipe r) {
+  Sm90Config c;
+  c.recipe = r;
+  return c;
+}
+
 std::string sm90_config_name(const Sm90Config& c) {
   if (c.strategy == Sm90Strategy::small_m) return "small_m";
   std::string s = "grouped/" + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "." +
@@ -256,7 +266,7 @@ bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90ConfigReq
   };
   *out = Sm90ConfigRequest{};
   if (name == "small_m") {
-    out->c = small_m(recipe);
+    out->c = sm90_small_m_config(recipe);
     return true;
   }
   const std::string prefix = "grouped/";
@@ -348,7 +358,7 @@ bool resolve_sm90_config(const Sm90Problem& p, const DeviceFacts& dev, const Sm9
 }
 
 std::vector<Sm90Config> legal_sm90_configs(const Sm90Problem& p, const DeviceFacts& dev) {
-  std::vector<Sm90Config> out = {small_m(p.recipe)};
+  std::vector<Sm90Config> out = {sm90_small_m_config(p.recipe)};
   for (Sm90Config f : grouped_families(p)) {
     resolve(p, dev, &f);
     const bool block_mma = f.recipe == Sm90Recipe::fp8_block && f.mainloop == Sm90Mainloop::mma;
@@ -383,7 +393,7 @@ Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev) {
   // S1: the preferred strategy (D1; D3 then D2 for the fp8 recipes).
   const MoeStrategy s = p.recipe == Sm90Recipe::bf16 ? choose_moe_strategy(p.T, p.k, p.E).strategy
                                                      : choose_moe_strategy_fp8_tma64(p.T, p.k, p.E, p.H, dev).strategy;
-  if (s == MoeStrategy::small_m) return small_m(p.recipe);
+  if (s == MoeStrategy::small_m) return sm90_small_m_config(p.recipe);
   return select_sm90_grouped_config(p, dev);
 }
 

@@ -52,6 +52,12 @@ struct Sm90Problem {
   int64_t tk() const { return T * k; }
 };
 
+// The recipe of a fused_moe variant (the router weight on the input is a flag of fp8_row), its
+// name ("bf16", "fp8_row", "fp8_block": MOEKIT_FUSED_MOE_CONFIG's prefixes), and its small_m config.
+Sm90Recipe sm90_recipe_of(MoeVariant v);
+const char* sm90_recipe_name(Sm90Recipe r);
+Sm90Config sm90_small_m_config(Sm90Recipe r);
+
 // "small_m" or "grouped/{M}x{N}.{mma|ws|ring}{stages}[.{stages2}]" then options: "+dynamic",
 // "+static" (both gemms), "+dynamic1" / "+dynamic2" (one gemm dynamic, the other static; bf16 ws
 // only: the other mainloops have one schedule), "+k{n}" (gemm2 K ranges; ws and 64 x 256 ring only).

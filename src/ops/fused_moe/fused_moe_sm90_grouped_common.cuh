@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_facts.h"
 #include "cuda/pdl.cuh"
 #include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
@@ -311,11 +313,14 @@ inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t
   return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, s, what, ra);
 }
 
-// SMs of the current device (the persistent kernels launch at most one CTA per SM).
+// SMs of the current device (the persistent kernels launch at most one CTA per SM): the cached
+// DeviceFacts the rules read too, so the grids and the rules see one count.
 inline Status device_sm_count(int* sms, const char* what) {
-  int dev = 0;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), what));
-  return check_cuda(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), what);
+  DeviceFacts f;
+  const Status s = current_device_facts(&f);
+  if (!s.ok()) return Status(s.code(), std::string(what) + ": " + s.message());
+  *sms = f.sm_count;
+  return Status::Ok();
 }
 
 // The run entry of an fp8 grouped kernel: nothing for T = 0, the workspace checked against `need`
