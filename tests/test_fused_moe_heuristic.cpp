@@ -6,36 +6,46 @@
 
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
+#include "ops/fused_moe/fused_moe_sm90_tiles.h"
 
 namespace moekit {
 namespace {
 
 MoeStrategy pick(int64_t T, int64_t k, int64_t E) { return choose_moe_strategy(T, k, E).strategy; }
 
-TEST(FusedMoeHeuristic, RowsPerTouchedExpert) {
-  EXPECT_DOUBLE_EQ(choose_moe_strategy(1, 2, 8).rows_per_expert, 1.0);    // 2 entries on 2 experts
-  EXPECT_DOUBLE_EQ(choose_moe_strategy(64, 2, 8).rows_per_expert, 16.0);  // 128 entries on 8
-  EXPECT_DOUBLE_EQ(choose_moe_strategy(4, 8, 256).rows_per_expert, 1.0);  // 32 entries, 32 experts
+TEST(FusedMoeHeuristic, ExpectedRowsPerTouchedExpert) {
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(1, 2, 8).rows_per_expert, 1.0);  // one token: k distinct experts
+  EXPECT_DOUBLE_EQ(choose_moe_strategy(1, 8, 256).rows_per_expert, 1.0);
   EXPECT_DOUBLE_EQ(choose_moe_strategy(0, 8, 256).rows_per_expert, 0.0);
+  // T k / Eg over 1 - (1 - k / Eg)^T: Mixtral T = 8 is 2 / (1 - 0.75^8) = 2.2225.
+  EXPECT_NEAR(expected_rows_per_touched_expert(8, 2, 8), 2.0 / (1 - std::pow(0.75, 8)), 1e-12);
+  // Kimi-K2 (Eg 384, k 8) T = 64: 512 slots on ~284 touched experts, not 512 / 384.
+  EXPECT_NEAR(expected_rows_per_touched_expert(64, 8, 384), 1.80, 0.01);
+  EXPECT_DOUBLE_EQ(expected_rows_per_touched_expert(5, 4, 4), 5.0);  // k == Eg: every expert, T rows
+  EXPECT_NEAR(expected_rows_per_touched_expert(4096, 8, 256), 128.0, 1e-9);  // every expert touched
 }
 
 TEST(FusedMoeHeuristic, AnchorShapes) {
-  // Mixtral (E 8, k 2): 1 row per expert at T = 1 is decode; 2 rows at T = 8 already GEMM.
+  // small_m up to 1.5 expected rows per touched expert (E107): Mixtral (E 8, k 2) at T = 4 (1.46), not
+  // T = 5 (1.64) or 8 (2.2).
   EXPECT_EQ(pick(1, 2, 8), MoeStrategy::small_m);
-  EXPECT_EQ(pick(6, 2, 8), MoeStrategy::small_m);  // exactly 1.5 rows
-  EXPECT_EQ(pick(7, 2, 8), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(4, 2, 8), MoeStrategy::small_m);
+  EXPECT_EQ(pick(5, 2, 8), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(8, 2, 8), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick(64, 2, 8), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(4096, 2, 8), MoeStrategy::grouped_gemm);
-  // DeepSeek-V3 (E 256, k 8): 1 row per expert at T = 8, 2 at T = 64, 16 at T = 512.
+  // DeepSeek-V3 (E 256, k 8): small_m to T = 16 (1.26), grouped from T = 32 (1.57).
   EXPECT_EQ(pick(1, 8, 256), MoeStrategy::small_m);
-  EXPECT_EQ(pick(8, 8, 256), MoeStrategy::small_m);
-  EXPECT_EQ(pick(64, 8, 256), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(16, 8, 256), MoeStrategy::small_m);
+  EXPECT_EQ(pick(32, 8, 256), MoeStrategy::grouped_gemm);
   EXPECT_EQ(pick(512, 8, 256), MoeStrategy::grouped_gemm);
-  // Qwen3-30B-A3B (E 128, k 8): 1 row at T = 8, 4 at T = 64, 32 at T = 512.
+  // Qwen3-30B-A3B (E 128, k 8): T = 8 (1.24) small_m, T = 16 (1.55) grouped.
   EXPECT_EQ(pick(8, 8, 128), MoeStrategy::small_m);
-  EXPECT_EQ(pick(64, 8, 128), MoeStrategy::grouped_gemm);
-  EXPECT_EQ(pick(512, 8, 128), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(16, 8, 128), MoeStrategy::grouped_gemm);
+  // Shapes nobody tuned for (E107): Phi-3.5-MoE (16, 2) T = 8 (1.52) and Kimi-K2 (384, 8) T = 64
+  // (1.80) grouped; Kimi-K2 T = 32 (1.36) small_m.
+  EXPECT_EQ(pick(8, 2, 16), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(64, 8, 384), MoeStrategy::grouped_gemm);
+  EXPECT_EQ(pick(32, 8, 384), MoeStrategy::small_m);
 }
 
 MoeStrategy pick_fp8(int64_t T, int64_t k, int64_t E, int64_t H) {
@@ -101,8 +111,8 @@ TEST(FusedMoeHeuristic, Fp8GroupedM192) {
 }
 
 TEST(FusedMoeHeuristic, Fp8BlockGroupedTileRows) {
-  // 64-row tiles up to 16 rows per touched expert: Mixtral T = 8 / 64 (2 / 16 rows), DeepSeek-V3
-  // T = 8 / 64 / 512 (1 / 2 / 16), Qwen3 T = 64 (4).
+  // Where the 256-column tiles do not take the shape: 64-row mma.sync tiles up to 16 rows per
+  // touched expert (Mixtral T = 8 / 64: 2 / 16 rows; DeepSeek-V3 T = 8 / 64 / 512: 1 / 2 / 16).
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 2, 8), 64);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(64 * 2, 8), 64);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 8, 256), 64);
@@ -113,24 +123,35 @@ TEST(FusedMoeHeuristic, Fp8BlockGroupedTileRows) {
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(65 * 2, 8), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(128 * 2, 8), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(512 * 8, 128), 128);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(1024 * 8, 256), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 256), 128);
   EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8), 128);  // no entries
   EXPECT_DOUBLE_EQ(rows_per_touched_expert(17, 8), 2.125);
   EXPECT_DOUBLE_EQ(rows_per_touched_expert(0, 8), 0.0);
 }
 
-TEST(FusedMoeHeuristic, Fp8BlockTma64TileRowsAndStrategy) {
-  // With the 64 x 256 QGMMA tiles: 64-row tiles up to 128 rows per touched expert (Mixtral T = 512,
-  // DeepSeek-V3 T = 4096), 128 above (Qwen3 T = 4096: 256 rows; Mixtral T = 4096: 1024).
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(8 * 2, 8, true), 64);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(128 * 2, 8, true), 64);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(512 * 2, 8, true), 64);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 256, true), 64);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(513 * 2, 8, true), 128);  // 128.25 rows
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 8, 128, true), 128);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(4096 * 2, 8, true), 128);
-  EXPECT_EQ(fused_moe_sm90_grouped_fp8_block_tile_m(0, 8, true), 128);
+TEST(FusedMoeHeuristic, Fp8BlockN256TilesByPadding) {
+  // 128 x 256 where 128-row tiles pad to at most 1.12x the rows of 64-row tiles (E108).
+  auto rows128 = [](int64_t tk, int64_t E) { return fused_moe_sm90_fp8_block_n256_128rows(tk, E); };
+  EXPECT_FALSE(rows128(8 * 2, 8));       // 2 rows: 64 against 128
+  EXPECT_FALSE(rows128(2048 * 8, 384));  // Kimi-K2 T = 2048: 43 rows
+  EXPECT_FALSE(rows128(2048 * 8, 256));  // DeepSeek-V3 T = 2048: 64 rows, 1.33x
+  EXPECT_TRUE(rows128(4096 * 8, 384));   // Kimi-K2 T = 4096: 85 rows, both pad to 128 (measured 17% faster)
+  EXPECT_TRUE(rows128(320 * 2, 8));      // Mixtral T = 320: 80 rows
+  EXPECT_FALSE(rows128(512 * 2, 8));     // Mixtral T = 512: 128 rows, 1.2x
+  EXPECT_FALSE(rows128(4096 * 8, 256));  // DeepSeek-V3 T = 4096: 128 rows
+  EXPECT_TRUE(rows128(4096 * 8, 128));   // Qwen3 T = 4096: 256 rows, 1.11x
+  EXPECT_FALSE(rows128(6144 * 8, 256));  // DeepSeek-V3 T = 6144: 192 rows, 1.14x
+  EXPECT_TRUE(rows128(6144 * 8, 128));   // Qwen3-235B T = 6144: 384 rows, 1.08x
+  EXPECT_TRUE(rows128(4096 * 2, 8));     // Mixtral T = 4096: 1024 rows
+  EXPECT_TRUE(rows128(0, 8));            // no entries: either
+  EXPECT_EQ(fp8_block_tiles(4096 * 8, 384, true, true), Fp8BlockTiles::tma128n256);
+  EXPECT_EQ(fp8_block_tiles(512 * 2, 8, true, true), Fp8BlockTiles::tma64);
+  EXPECT_EQ(fp8_block_tiles(24 * 2, 6, false, true), Fp8BlockTiles::mma64);
+  EXPECT_EQ(fp8_block_tiles(200 * 2, 6, false, true), Fp8BlockTiles::tma128);
+  EXPECT_EQ(fp8_block_tiles(24 * 2, 6, false, false), Fp8BlockTiles::tma128);
+}
+
+TEST(FusedMoeHeuristic, Fp8BlockStrategy) {
   // The block strategy: grouped wherever H % 256 == 0 (even one token), else the fp8 rule.
   EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 2, 8, 4096, kH200Facts).strategy, MoeStrategy::grouped_gemm);
   EXPECT_EQ(choose_moe_strategy_fp8_tma64(1, 8, 128, 2048, kH200Facts).strategy, MoeStrategy::grouped_gemm);

@@ -167,15 +167,15 @@ TEST(FusedMoeSm90SmallMFp8, BlockRefusesOddSizes) {
 }
 
 // The auto kernel on every path of choose_moe_strategy_fp8_tma64 and of
-// fused_moe_sm90_grouped_fp8_block_tile_m: H = 256 takes the 64 x 256 TMA tiles at T = 1, 24 and 200
-// (1, 8 and 67 rows per expert) and the 128 x 256 tiles at T = 600 (200 rows); H = 384 (not a multiple
-// of 256) takes small_m at T = 1, the 64-row mma.sync tiles at T = 24 and the 128 x 128 tiles at
-// T = 200 and 600.
+// fp8_block_tiles: H = 256 takes the 64 x 256 TMA tiles at T = 1, 24, 200 and 384 (1, 8, 67 and 128
+// rows per expert, where 128-row tiles would pad more) and the 128 x 256 tiles at T = 288 and 600 (96
+// and 200 rows: both tiles pad to about as many); H = 384 (not a multiple of 256) takes small_m at
+// T = 1, the 64-row mma.sync tiles at T = 24 and the 128 x 128 tiles from T = 200.
 TEST(FusedMoeSm90Fp8BlockAuto, MatchesTheReferenceOnEveryPath) {
   const std::string why = moe_test::cuda_kernel_unavailable(kBlockAuto);
   if (!why.empty()) GTEST_SKIP() << why;
   for (int64_t H : {256, 384}) {
-    for (int64_t T : {1, 24, 200, 600}) {
+    for (int64_t T : {1, 24, 200, 288, 384, 600}) {
       SCOPED_TRACE("H = " + std::to_string(H) + ", T = " + std::to_string(T));
       MoeProblem prob = make(small_shape(Scheme::fp8_block, T, 6, 2, H, 256));
       moe_test::expect_fp8_cuda_matches_ref(prob, kBlockAuto, kBlockAuto);

@@ -1,6 +1,8 @@
-// The rules' configs against a recorded H200 sweep (tests/data/fused_moe_sm90_sweep.csv, written by
-// `STEPS=sweep scripts/gpu_run.sh` and scripts/sweep_csv.py: every config the auto kernels can run,
-// per shape (presets and custom E, k, H, I; g1u1), scheme and T).
+// The rules' configs against recorded H200 sweeps (written by `STEPS=sweep scripts/gpu_run.sh` and
+// scripts/sweep_csv.py: every config the auto kernels can run, per shape, scheme and T):
+// tests/data/fused_moe_sm90_sweep.csv (the presets) and tests/data/fused_moe_sm90_sweep_shapes.csv
+// (eight shapes, E 8-384, k 1-8, H 2048-7168, I 768-14336, partly untuned for: Kimi-K2, Qwen3-235B,
+// DeepSeek-V2-Lite, Llama-4-Scout, Phi-3.5-MoE and the presets' shapes at other T).
 // For each recorded problem, the config select_sm90_config picks today, for the H200's facts, must
 // have been measured and be within kMargin of the fastest config measured for that problem. A rule
 // change that moves a pick off the recorded grid, or onto a slow config, fails here; then re-record.
@@ -39,20 +41,20 @@ std::vector<std::string> split_csv_line(std::string line) {
   return cells;
 }
 
-// (model, scheme, T) -> the times of its configs.
-std::map<std::string, Cell> load_sweep(std::string* why) {
-  std::ifstream in(test_data_dir() + "/fused_moe_sm90_sweep.csv");
+// (model, scheme, T) -> the times of its configs, from tests/data/<file>.
+std::map<std::string, Cell> load_sweep(const std::string& file, std::string* why) {
+  std::ifstream in(test_data_dir() + "/" + file);
   std::map<std::string, Cell> cells;
   std::map<std::string, size_t> col;
   std::string line;
   if (!std::getline(in, line)) {
-    *why = "tests/data/fused_moe_sm90_sweep.csv is missing or empty";
+    *why = "tests/data/" + file + " is missing or empty";
     return cells;
   }
   const std::vector<std::string> head = split_csv_line(line);
   for (size_t i = 0; i < head.size(); ++i) col[head[i]] = i;
   for (const char* c : {"model", "scheme", "tokens", "E", "k", "H", "I", "config", "time_us", "status"}) {
-    if (!col.count(c)) *why = std::string("column ") + c + " missing";
+    if (!col.count(c)) *why = file + ": column " + c + " missing";
   }
   if (!why->empty()) return cells;
   while (std::getline(in, line)) {
@@ -67,6 +69,17 @@ std::map<std::string, Cell> load_sweep(std::string* why) {
   return cells;
 }
 
+// Known misses beyond kMargin, each with the most it may be behind and why. Phi-3.5-MoE T = 8 (256
+// gemm2 tiles, 1.94 waves): 2-4 K ranges measured 5-6% faster than the one the rule gives; the only
+// such cell of the sweeps, and more ranges at ~2 waves lost elsewhere (E41). Llama-4-Scout fp8_block
+// T = 4096 (256 rows per expert): 64 x 256 5.6% faster, where Qwen3-30B / -235B at 256 rows measured
+// 128 x 256 1-2% faster; the padding rule keeps 128 rows there (E108).
+const std::map<std::string, double> kKnownMisses = {
+    {"phi3.5-moe|fp8_block|8", 0.07},
+    {"phi3.5-moe|fp8_tensor|8", 0.07},
+    {"llama4-scout|fp8_block|4096", 0.07},
+};
+
 Sm90Problem problem_of(const Cell& c, const std::string& scheme, int64_t T) {
   Sm90Problem p;
   p.recipe = scheme == "bf16" ? Sm90Recipe::bf16 : scheme == "fp8_block" ? Sm90Recipe::fp8_block : Sm90Recipe::fp8_row;
@@ -75,12 +88,12 @@ Sm90Problem problem_of(const Cell& c, const std::string& scheme, int64_t T) {
   return p;
 }
 
-TEST(FusedMoeSm90Sweep, PicksAreWithinTheMarginOfTheFastestMeasured) {
+void expect_picks_near_fastest(const std::string& file, size_t min_cells) {
   std::string why;
-  const std::map<std::string, Cell> cells = load_sweep(&why);
+  const std::map<std::string, Cell> cells = load_sweep(file, &why);
   ASSERT_TRUE(why.empty()) << why;
-  ASSERT_GE(cells.size(), 30u) << "the recorded sweep should cover the presets x schemes x T grid";
-  int checked = 0;
+  ASSERT_GE(cells.size(), min_cells) << file;
+  size_t checked = 0;
   for (const auto& [key, cell] : cells) {
     std::stringstream ks(key);
     std::string model, scheme, tokens;
@@ -96,14 +109,24 @@ TEST(FusedMoeSm90Sweep, PicksAreWithinTheMarginOfTheFastestMeasured) {
     }
     const auto it = cell.us.find(pick);
     if (it == cell.us.end()) {
-      ADD_FAILURE() << key << ": the pick " << pick << " was not measured (re-record the sweep)";
+      ADD_FAILURE() << file << " " << key << ": the pick " << pick << " was not measured (re-record the sweep)";
       continue;
     }
-    EXPECT_LE(it->second, best * (1 + kMargin))
-        << key << ": pick " << pick << " " << it->second << " us, fastest " << best_name << " " << best << " us";
+    const auto known = kKnownMisses.find(key);
+    const double margin = known != kKnownMisses.end() ? known->second : kMargin;
+    EXPECT_LE(it->second, best * (1 + margin)) << file << " " << key << ": pick " << pick << " " << it->second
+                                                << " us, fastest " << best_name << " " << best << " us";
     ++checked;
   }
-  EXPECT_GE(checked, 30);
+  EXPECT_GE(checked, min_cells);
+}
+
+TEST(FusedMoeSm90Sweep, PicksAreWithinTheMarginOfTheFastestMeasured) {
+  expect_picks_near_fastest("fused_moe_sm90_sweep.csv", 30);
+}
+
+TEST(FusedMoeSm90Sweep, PicksOnOtherShapesAreWithinTheMargin) {
+  expect_picks_near_fastest("fused_moe_sm90_sweep_shapes.csv", 100);
 }
 
 }  // namespace

@@ -36,16 +36,30 @@ constexpr double rows_per_touched_expert(int64_t tk, int64_t E) {
   return touched_experts(tk, E) > 0 ? double(tk) / double(touched_experts(tk, E)) : 0.0;
 }
 
+// The rows a touched expert gets on average when each of T tokens picks k distinct experts of Eg
+// uniformly: T k / Eg slots per expert over the chance 1 - (1 - k / Eg)^T that it is touched at all.
+// With expert parallelism it is the same on every rank (local slots and local touched experts scale
+// alike). Unlike tk / min(tk, E), it counts the experts a random routing leaves untouched (Kimi-K2
+// T = 64: 1.80 rows, not 1.33).
+inline double expected_rows_per_touched_expert(int64_t T, int64_t k, int64_t Eg) {
+  if (T <= 0 || k <= 0 || Eg <= 0) return 0.0;
+  const double p = double(k) / double(Eg);  // chance that one token picks a given expert
+  const double touched = p >= 1.0 ? 1.0 : -std::expm1(double(T) * std::log1p(-p));
+  return double(T) * p / touched;
+}
+
 // small_m's CUDA-core dots beat the tensor cores only while almost every expert sees one row: 1.5
-// rows per touched expert sits between the measured win at 1 and loss at 2 (docs/experiments.md E5).
+// expected rows per touched expert sits between the measured wins (up to 1.46) and losses (from
+// 1.52) over eight shapes, E from 8 to 384 (docs/experiments.md E5, E107).
 constexpr double kSmallMMaxRowsPerExpert = 1.5;
 
-inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t E) {
-  const double rows = rows_per_touched_expert(T * k, E);
+// T tokens, k slots each, Eg global experts.
+inline MoeStrategyChoice choose_moe_strategy(int64_t T, int64_t k, int64_t Eg) {
+  const double rows = expected_rows_per_touched_expert(T, k, Eg);
   if (rows <= kSmallMMaxRowsPerExpert) {
-    return {MoeStrategy::small_m, rows, "<= 1.5 rows per touched expert: memory-bound, stream weights once"};
+    return {MoeStrategy::small_m, rows, "<= 1.5 expected rows per touched expert: memory-bound, stream weights once"};
   }
-  return {MoeStrategy::grouped_gemm, rows, "> 1.5 rows per touched expert: tensor-core grouped GEMM"};
+  return {MoeStrategy::grouped_gemm, rows, "> 1.5 expected rows per touched expert: tensor-core grouped GEMM"};
 }
 
 // The choice for the fp8 variants (fp8_row, fp8_row_tkw1, fp8_block; hidden size H): small_m
@@ -131,19 +145,26 @@ constexpr int fused_moe_sm90_tma64_gemm2_splits(int64_t tk, int64_t E, int64_t n
   return s < 1 ? 1 : int(s);
 }
 
-// The same for the 128 x 128 block variant (fp8_block): 64 while the rows per touched expert are at
-// most kGroupedFp8BlockBm64MaxRows, else 128. Its 128-row QGMMA kernel waits on every K slice's
-// promotion, so the 64-row tiles (mma.sync, promoted from shared-memory scales) win up to more rows
-// per expert than for the per-row variant (E10).
-// tma64: the 64-row tiles run on TMA + QGMMA (fused_moe_sm90_grouped_fp8_block_tma64, 64 x 256 tiles,
-// where H % 256 == 0 and the N tiles are whole) up to kGroupedFp8BlockTma64MaxRows (E70).
+// The same for the 128 x 128 block variant (fp8_block) where the 256-column tiles do not take the
+// shape: 64 while the rows per touched expert are at most kGroupedFp8BlockBm64MaxRows, else 128. Its
+// 128-row QGMMA kernel waits on every K slice's promotion, so the 64-row tiles (mma.sync, promoted
+// from shared-memory scales) win up to more rows per expert than for the per-row variant (E10).
 constexpr double kGroupedFp8BlockBm64MaxRows = 16.0;
-constexpr double kGroupedFp8BlockTma64MaxRows = 128.0;
-constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E, bool tma64 = false) {
-  return tk > 0 && rows_per_touched_expert(tk, E) <=
-                       (tma64 ? kGroupedFp8BlockTma64MaxRows : kGroupedFp8BlockBm64MaxRows)
-             ? 64
-             : 128;
+constexpr int fused_moe_sm90_grouped_fp8_block_tile_m(int64_t tk, int64_t E) {
+  return tk > 0 && rows_per_touched_expert(tk, E) <= kGroupedFp8BlockBm64MaxRows ? 64 : 128;
+}
+
+// fp8_block where the 256-column tiles take the shape: 128 x 256 where an expert's rows, padded to
+// 128-row tiles, come to at most kGroupedFp8BlockN256PadRatio times their padding to 64-row tiles
+// (expected_padded_rows), else 64 x 256 (E70). The 128-row tiles halve the passes over an expert's
+// weights but pad more; the measured crossover follows the padding (Kimi-K2 at 85 rows per expert:
+// both pad to 128, 128 x 256 17% faster; at 128 and 192 rows 64 x 256 2-11% faster) over 35
+// problems of eight shapes. At 256 rows (ratio 1.11) the shapes disagree (Qwen3 1-2% for 128 rows,
+// Llama-4-Scout 5.6% for 64): the ratio keeps the presets' choice there (E108).
+constexpr double kGroupedFp8BlockN256PadRatio = 1.12;
+inline bool fused_moe_sm90_fp8_block_n256_128rows(int64_t tk, int64_t E) {
+  const double r = rows_per_touched_expert(tk, E);
+  return expected_padded_rows(r, 128) <= kGroupedFp8BlockN256PadRatio * expected_padded_rows(r, 64);
 }
 
 // The bf16 / f16 128 x 256 TMA gemms (fused_moe_sm90_grouped): the dynamic schedule of ws_run (each

@@ -391,7 +391,7 @@ Sm90Config select_sm90_grouped_config(const Sm90Problem& p, const DeviceFacts& d
 
 Sm90Config select_sm90_config(const Sm90Problem& p, const DeviceFacts& dev) {
   // S1: the preferred strategy (D1; D3 then D2 for the fp8 recipes).
-  const MoeStrategy s = p.recipe == Sm90Recipe::bf16 ? choose_moe_strategy(p.T, p.k, p.E).strategy
+  const MoeStrategy s = p.recipe == Sm90Recipe::bf16 ? choose_moe_strategy(p.T, p.k, p.Eg > 0 ? p.Eg : p.E).strategy
                                                      : choose_moe_strategy_fp8_tma64(p.T, p.k, p.E, p.H, dev).strategy;
   if (s == MoeStrategy::small_m) return sm90_small_m_config(p.recipe);
   return select_sm90_grouped_config(p, dev);

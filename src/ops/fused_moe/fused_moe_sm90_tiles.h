@@ -62,15 +62,13 @@ inline Fp8RowTiles fp8_row_tiles(int64_t tk, int64_t E, bool tma256) {
 }
 
 // mma64_fits: the 64-row mma.sync tiles' K / 128 scales fit in shared memory beside the stages.
-// 64 x 256 up to kGroupedFp8BlockTma64MaxRows rows per touched expert (where they take the shape),
-// else 64-row mma.sync tiles up to kGroupedFp8BlockBm64MaxRows (where they fit); else 128 x 256
-// where they take the shape, else 128 x 128 (E73).
+// Where the 256-column tiles take the shape: 128 x 256 or 64 x 256 by their expected padding
+// (fused_moe_sm90_fp8_block_n256_128rows). Elsewhere 64-row mma.sync tiles up to
+// kGroupedFp8BlockBm64MaxRows rows per touched expert (where they fit), else 128 x 128 (E73).
 inline Fp8BlockTiles fp8_block_tiles(int64_t tk, int64_t E, bool tma256, bool mma64_fits) {
-  if (fused_moe_sm90_grouped_fp8_block_tile_m(tk, E, tma256) == 64) {
-    if (tma256) return Fp8BlockTiles::tma64;
-    if (mma64_fits) return Fp8BlockTiles::mma64;
-  }
-  return tma256 ? Fp8BlockTiles::tma128n256 : Fp8BlockTiles::tma128;
+  if (tma256) return fused_moe_sm90_fp8_block_n256_128rows(tk, E) ? Fp8BlockTiles::tma128n256 : Fp8BlockTiles::tma64;
+  if (mma64_fits && fused_moe_sm90_grouped_fp8_block_tile_m(tk, E) == 64) return Fp8BlockTiles::mma64;
+  return Fp8BlockTiles::tma128;
 }
 
 inline const char* fp8_row_tiles_name(Fp8RowTiles t) {
