@@ -1,8 +1,11 @@
-"""scripts/bench_peers.py (the peers timed next to `moekit bench`, issue 32 item 4) on the CPU: the
-routing generator, the expert-grouped row layouts (torch._grouped_mm's and DeepGEMM's padded one),
-the weighted combine, the fp8 quantizers, and each peer's whole MoE forward with its library GEMM
-replaced by a float32 emulation, against a loop over tokens and slots on a tiny problem (E 4, k 2,
-H 32, I 16, T 5). torch_grouped_mm also runs torch._grouped_mm itself where the CPU build has it.
+"""scripts/bench_peers.py (the peers timed next to `moekit bench`, issue 32 item 4) and its helper
+scripts/peers_deepgemm.py on the CPU: the routing generator, the expert-grouped row layouts
+(torch._grouped_mm's and DeepGEMM's padded one), the weighted combine, the fp8 quantizers, and each
+peer's whole MoE forward with its library GEMM replaced by a float32 emulation, against a loop over
+tokens and slots on a tiny problem (E 4, k 2, H 32, I 16, T 5); the GEMM-only DeepGEMM peer's
+preparation (what its timed call runs, how its output is combined); the DeepGEMM JIT warm-up's plan,
+its scheduler and its worker processes (which fail cleanly without DeepGEMM), and how a cell reads
+the warm-up's results. torch_grouped_mm also runs torch._grouped_mm itself where the CPU build has it.
 The CUDA cases (the real torch GEMMs, the CUDA-graph timing) skip without a device.
 Run: python -m pytest tests/python/test_bench_peers.py
 """
@@ -19,6 +22,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_peers.
 _spec = importlib.util.spec_from_file_location("bench_peers", SCRIPT)
 bp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bp)
+pdg = bp.pdg  # scripts/peers_deepgemm.py, as bench_peers.py imports it
 
 E, K, H, I, T = 4, 2, 32, 16, 5
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -63,10 +67,13 @@ def emu_scaled_grouped_mm(a, bt, sa, sb, offs=None, out_dtype=torch.bfloat16):
     return emu_grouped_mm(a.float() * sa[:, None], bt.float() * sb[:, None, :], offs).to(out_dtype)
 
 
-def emu_deepgemm(block):
+def emu_deepgemm(block, calls=None):
     """DeepGEMM's m-grouped contiguous NT GEMM (fp8 (tensor, scales) pairs or bf16/f32 tensors): d[r] =
-    a[r] @ b[m_idx[r]].T for the rows with m_idx >= 0; padding rows (-1) are left alone."""
+    a[r] @ b[m_idx[r]].T for the rows with m_idx >= 0; padding rows (-1) are left alone. Appends
+    (a, b, d) to calls when given."""
     def gemm(a, b, d, m_idx):
+        if calls is not None:
+            calls.append((a, b, d))
         if isinstance(a, tuple):
             (a, sa), (b, sb) = a, b
             a = a.float() * sa.repeat_interleave(block, 1)
@@ -184,6 +191,111 @@ def test_deepgemm_forward_with_emulated_gemm(scheme):
     assert rel_err(out, loop_moe(x, w1, w2, ids, weights)) < (0.1 if fp8 else 1e-5)
 
 
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_block"])
+def test_deepgemm_gemms_times_only_the_two_gemms(scheme):
+    x, w1, w2, ids, weights = problem()
+    rows = bp.padded_rows(ids, E, 8)
+    fp8 = (bp.quant_weights(w1, 16), bp.quant_weights(w2, 16)) if scheme == "fp8_block" else None
+    relaid = []
+
+    def sf(s):  # a relayout that keeps the values (DeepGEMM's MN-major one changes strides only)
+        relaid.append(s.shape)
+        return s.t().contiguous().t()
+    calls = []
+    fn, view = bp.deepgemm_gemms(x, w1, w2, ids, weights, rows, 8, emu_deepgemm(16, calls), fp8=fp8, block=16,
+                                 sf=sf)
+    assert len(calls) == 1  # the preparation ran gemm1 once, for gemm2's real input
+    assert relaid == ([] if fp8 is None else [(rows, H // 16), (rows, I // 16)])
+    prepared = calls[0][0]
+    calls.clear()
+    y = fn()
+    assert len(calls) == 2 and y.shape == (rows, H)  # the timed call: the two GEMMs and nothing else
+    assert calls[0][0] is prepared and calls[1][2] is y
+    a2 = calls[1][0][0] if fp8 else calls[1][0]
+    assert a2.shape == (rows, I) and (a2.dtype == bp.FP8) == (fp8 is not None)
+    out = view(y)
+    composed = bp.moe_deepgemm(x, w1, w2, ids, weights, rows, 8, emu_deepgemm(16), fp8=fp8, block=16)
+    assert out.shape == (T, H) and torch.equal(out, composed)  # the same numbers as the composed MoE
+    assert rel_err(out, loop_moe(x, w1, w2, ids, weights)) < (0.1 if fp8 else 1e-5)
+    calls.clear()
+    assert torch.equal(fn(), y) and len(calls) == 2  # repeatable: inputs are not consumed
+
+
+def test_deepgemm_plan_keys_match_the_cells():
+    models, tokens = ["qwen3-moe", "mixtral"], [1, 64]
+    jobs = bp.dg_plan(models, tokens, ["fp8_block", "bf16"], seed=0, align=128)
+    assert len(jobs) == len(models) * len(tokens) * 2 * 2
+    for model in models:
+        E, k, H, I = bp.PRESETS[model]
+        for T in tokens:
+            ids, _ = bp.route(T, E, k, 1000 + T, "cpu")  # the grid's routing of (model, T), seed 0
+            rows = bp.padded_rows(ids, E, 128)
+            assert rows % 128 == 0 and rows >= T * k
+            for scheme in ("fp8_block", "bf16"):
+                keys = bp.dg_keys(scheme, E, H, I, rows)
+                assert keys == [(scheme, E, 2 * I, H, rows), (scheme, E, H, I, rows)]
+                assert all(any(j["key"] == key for j in jobs) for key in keys)
+    big = next(j for j in jobs if j["key"] == ("bf16", 8, 2 * 14336, 4096, bp.padded_rows(
+        bp.route(1, 8, 2, 1001)[0], 8, 128)))
+    assert big["bytes"] >= 8 * 2 * 14336 * 4096 * 2  # the weights dominate a job's memory
+
+
+def test_deepgemm_gate_reads_the_warm_up():
+    k1, k2 = ("bf16", 4, 64, 32, 128), ("bf16", 4, 32, 32, 128)
+    assert bp.dg_gate([k1, k2], {}, warmed=False) == ("", "", 0.0)  # no warm-up: compile in the grid
+    assert bp.dg_gate([k1, k2], {k1: (3.0, ""), k2: (4.5, "")}, warmed=True) == ("", "", 7.5)
+    status, reason, _ = bp.dg_gate([k1, k2], {k1: (3.0, "")}, warmed=True)
+    assert status == "skipped" and "--deepgemm-jit-budget-s" in reason
+    status, reason, _ = bp.dg_gate([k1, k2], {k1: (3.0, ""), k2: (9.0, "RuntimeError: NVCC failed")}, warmed=True)
+    assert status == "error" and reason == "JIT warm-up: RuntimeError: NVCC failed"
+
+
+def test_warm_up_scheduler_largest_first_under_the_memory_limit():
+    jobs = sorted([pdg.gemm_job("bf16", 8, 256, 128, 128), pdg.gemm_job("fp8_block", 256, 4096, 7168, 1024),
+                   pdg.gemm_job("bf16", 256, 4096, 7168, 1024)], key=lambda j: -j["bytes"])
+    assert jobs[0]["key"][0] == "bf16" and jobs[0]["key"][1] == 256
+    assert pdg.pick_next(jobs, 0, 1) == 0  # larger than the limit: runs, alone
+    assert pdg.pick_next(jobs, 1, jobs[0]["bytes"]) == 1  # the next one that fits beside the running
+    assert pdg.pick_next(jobs, jobs[0]["bytes"], jobs[0]["bytes"]) is None
+    assert pdg.pick_next([], 0, 10) is None
+
+
+def test_warm_up_workers_report_every_job():
+    keys = [("bf16", 2, 256, 256, 128), ("fp8_block", 2, 256, 256, 128)]
+    jobs = [pdg.gemm_job(*key) for key in keys] + [pdg.gemm_job(*keys[0])]  # a duplicate runs once
+    lines = []
+    done = pdg.prewarm(jobs, 2, 60.0, 1 << 40, log=lambda *a, **kw: lines.append(a[0]))
+    assert set(done) == set(keys) and len(lines) == 2
+    for sec, err in done.values():
+        assert sec >= 0 and isinstance(err, str)
+        if not torch.cuda.is_available():  # without a GPU (and DeepGEMM) each job fails, cleanly
+            assert err
+    assert pdg.prewarm(jobs, 2, -1.0, 1 << 40, log=lambda *a, **kw: None) == {}  # budget spent: none run
+
+
+def test_deepgemm_load_and_scale_relayout_helpers():
+    class Lib:
+        @staticmethod
+        def get_mn_major_tma_aligned_tensor(s):
+            return s
+
+    assert pdg.sf_transform(Lib()) is Lib.get_mn_major_tma_aligned_tensor
+    assert pdg.sf_transform(object()) is None
+    notes, s = [], torch.ones(4, 2)
+    assert pdg.relayout(Lib(), log=lambda m, **kw: notes.append(m))(s) is s and notes == []
+
+    class Broken:
+        @staticmethod
+        def get_mn_major_tma_aligned_tensor(s):
+            raise RuntimeError("layout")
+    fn = pdg.relayout(Broken(), log=lambda m, **kw: notes.append(m))
+    assert fn(s) is s and fn(s) is s and len(notes) == 1 and "RuntimeError: layout" in notes[0]
+    fn = pdg.relayout(object(), log=lambda m, **kw: notes.append(m))
+    assert fn(s) is s and len(notes) == 2
+    lib, why = pdg.load_deepgemm()
+    assert (lib is None) == bool(why)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the run without a CUDA device")
 def test_main_without_cuda_writes_skipped_rows(tmp_path, capsys):
     path = tmp_path / "peers.csv"
@@ -191,6 +303,7 @@ def test_main_without_cuda_writes_skipped_rows(tmp_path, capsys):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == bp.COLUMNS and len(rows) == 2 * len(bp.PEERS)
+    assert {r["peer"] for r in rows} >= {"deepgemm", "deepgemm_gemms"}
     assert {r["status"] for r in rows} == {"skipped"} and rows[0]["reason"] == "no CUDA device"
     assert "qwen3-moe" in capsys.readouterr().out
 
@@ -207,5 +320,9 @@ def test_torch_peers_on_cuda_match_loop():
         assert rel_err(out, ref) < 0.1
     fn = lambda: bp.moe_grouped_mm(x, w1.transpose(1, 2), w2.transpose(1, 2), ids, weights)  # noqa: E731
     flush = torch.empty(bp.FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    us, err, graph = bp.time_cell(fn, ref.cuda(), 3, flush)
-    assert us > 0 and err < 0.02 and isinstance(graph, bool)
+    us, err, graph, first_s = bp.time_cell(fn, ref.cuda(), 3, flush)
+    assert us > 0 and err < 0.02 and isinstance(graph, bool) and first_s >= 0
+    ys = bp.moe_grouped_mm(x, w1.transpose(1, 2), w2.transpose(1, 2), ids, weights)  # view maps rows to tokens
+    us, err, _, _ = bp.time_cell(lambda: ys.repeat_interleave(K, 0), ref.cuda(), 2, flush,
+                                 view=lambda y: y.view(T, K, H)[:, 0])
+    assert err < 0.02
