@@ -5,7 +5,8 @@
 # compare like for like; then the table (scripts/peers_table.py).
 # DeepGEMM travels as .peers/deep_gemm.tar.xz (the copy inside vLLM 0.33.0's PyPI wheel,
 # vllm/third_party/deep_gemm; `pip download --no-deps vllm==0.33.0` and tar it), unpacked to /tmp.
-# Writes $OUT/moekit.csv, $OUT/peers.csv, $OUT/peers_table.md and the logs.
+# Writes $OUT/moekit.csv (with stream_us / frac_stream: the weights read alone, docs/cli.md),
+# $OUT/peers.csv, $OUT/peers_table.md and the logs.
 #   MODELS=mixtral,deepseek-v3,qwen3-moe TOKENS=1,8,64,512,4096 ITERS=20 GPU_DIR=.gpu
 #   BASELINE=1     also time moekit bench's unfused cuBLAS baseline (its baseline_us / vs_baseline
 #                  columns; default 0: --no-baseline, as before)
@@ -47,7 +48,7 @@ rows = []
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "moekit_*.csv"))):
     rows += list(csv.DictReader(open(f)))
 keys = ["case", "scheme", "tokens", "kernel", "time_us", "frac_floor", "status", "reason",
-        "baseline_us", "vs_baseline", "baseline_reason"]
+        "baseline_us", "vs_baseline", "baseline_reason", "stream_us", "frac_stream"]
 with open(sys.argv[2], "w", newline="") as fh:
     w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     w.writeheader()

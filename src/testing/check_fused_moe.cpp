@@ -440,6 +440,7 @@ std::vector<CaseResult> check_fused_moe(const CheckRequest& req) {
 #if MOEKIT_WITH_CUDA
 #include "cuda/bench_fill.h"
 #include "cuda/moe_baseline_cublas.h"
+#include "cuda/weight_stream.h"
 #include "moekit/ops/quant.h"
 #endif
 
@@ -511,6 +512,32 @@ struct DeviceMoeBench : BenchProblem {
     (void)l2;
     (void)median_us;
     return Unsupported("the cuBLAS baseline needs a CUDA build");
+#endif
+  }
+  // Each set's touched experts (those the routing gives a row) as their w1 and w2 slabs.
+  Status stream(int warmup, int iters, L2Flush l2, double* median_us) override {
+#if MOEKIT_WITH_CUDA
+    MOEKIT_RETURN_IF_ERROR(routing_status);
+    std::vector<std::vector<cuda::DeviceBytes>> per_set;
+    for (const FusedMoeParams& d : dev) {
+      const size_t w = size_t(dtype_size(d.w1.dtype));
+      const size_t b1 = size_t(d.w1.shape[1] * d.w1.shape[2]) * w, b2 = size_t(d.w2.shape[1] * d.w2.shape[2]) * w;
+      std::vector<cuda::DeviceBytes> r;
+      for (int64_t e = 0; e + 1 < int64_t(routing.expert_begin.size()); ++e) {
+        if (routing.expert_begin[size_t(e + 1)] == routing.expert_begin[size_t(e)]) continue;
+        r.push_back({static_cast<const char*>(d.w1.data) + size_t(e) * b1, b1});
+        r.push_back({static_cast<const char*>(d.w2.data) + size_t(e) * b2, b2});
+      }
+      if (r.empty()) return Unsupported("no expert is touched: nothing to stream");
+      per_set.push_back(std::move(r));
+    }
+    return cuda::time_weight_stream(per_set, warmup, iters, l2, median_us);
+#else
+    (void)warmup;
+    (void)iters;
+    (void)l2;
+    (void)median_us;
+    return Unsupported("the weight stream needs a CUDA build");
 #endif
   }
 };

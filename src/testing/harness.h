@@ -228,6 +228,16 @@ struct BenchProblem {
     (void)median_us;
     return Unsupported("no baseline for this problem");
   }
+  // Median time in us of a kernel that only reads the bytes the op must read (fused_moe: the touched
+  // experts' w1 and w2), timed like launch() with the L2 flush `l2`: the memory ceiling of the same
+  // harness (src/cuda/weight_stream.h); unsupported when there is none.
+  virtual Status stream(int warmup, int iters, L2Flush l2, double* median_us) {
+    (void)warmup;
+    (void)iters;
+    (void)l2;
+    (void)median_us;
+    return Unsupported("no weight stream for this problem");
+  }
 };
 
 struct BenchRequest {

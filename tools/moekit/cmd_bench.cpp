@@ -14,7 +14,8 @@
 // launch()) and DeviceOps::time_graph replays one CUDA graph per set with L2 flushed before each
 // replay, event-timed; the reported time is the median of >= 30 replays (default 100). fused_moe
 // rows also time the unfused cuBLAS baseline on the same sets (BenchProblem::baseline) and report
-// baseline_us and vs_baseline = baseline_us / time_us.
+// baseline_us and vs_baseline = baseline_us / time_us, and a kernel that only reads the touched
+// experts' weights (BenchProblem::stream): stream_us and frac_stream = stream_us / time_us.
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@ struct TimingPlan {
   int64_t warmup = 3;  // untimed runs before the first sample
   L2Flush l2 = L2Flush::write;  // CUDA rows: --l2 flushed (write) | clean
   bool baseline = true;         // fused_moe CUDA rows: also time the unfused cuBLAS baseline
+  bool stream = true;           //   and the read of their weights alone (the harness's memory ceiling)
 };
 
 struct Row {
@@ -53,6 +55,8 @@ struct Row {
   Floors floors;
   double baseline_us = NAN;     // cuda fused_moe rows: the unfused cuBLAS baseline
   std::string baseline_reason;  // why baseline_us is null (empty when it is not)
+  double stream_us = NAN;       // cuda fused_moe rows: reading the touched experts' weights alone
+  std::string stream_reason;    // why stream_us is null (empty when it is not)
   std::string kernel_chosen;    // device rows: the kernel the op's own dispatch picks for the problem
   std::string compare_kernel;   // --compare: the other backend's kernel timed on the same problem
   double compare_us = NAN;
@@ -66,6 +70,9 @@ constexpr int kDeviceIters = 100;
 // Baseline time (or why there is none) per prepared problem, so several kernels of one problem
 // share one baseline measurement. Key: the hook's shape description (includes T and the scheme).
 using BaselineCache = std::map<std::string, std::pair<double, std::string>>;
+struct Measured {  // the per-shape extras of device rows, measured once per shape
+  BaselineCache baselines, streams;
+};
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -157,7 +164,7 @@ void time_one(const testing::OpHarness& h, const testing::BenchRequest& br, cons
 // (DeviceOps::time_graph); fused_moe rows also get the baseline (cached per problem).
 // Times the prepared device problem p (its current config) into row: median of CUDA-graph replays,
 // and for fused_moe the unfused baseline of the same shape (measured once per shape).
-void time_prepared(testing::BenchProblem& p, const Kernel& k, const TimingPlan& plan, BaselineCache* baselines,
+void time_prepared(testing::BenchProblem& p, const Kernel& k, const TimingPlan& plan, Measured* measured,
                    Row* row) {
   const DeviceOps* ops = registry().device_ops(k.backend);
   if (ops == nullptr || ops->time_graph == nullptr) {
@@ -182,21 +189,33 @@ void time_prepared(testing::BenchProblem& p, const Kernel& k, const TimingPlan& 
   row->copies = p.sets;
   row->cache = plan.l2 == L2Flush::clean ? "flushed-clean" : "flushed";
   row->kernel_chosen = p.kernel_chosen;
-  if (k.op != OpKind::fused_moe || !plan.baseline) return;
-  auto it = baselines->find(row->shape);
-  if (it == baselines->end()) {
-    double b = NAN;
-    const Status bs = p.baseline(warmup, iters, plan.l2, &b);
-    it = baselines->emplace(row->shape, std::make_pair(bs.ok() ? b : NAN, bs.ok() ? "" : bs.to_string())).first;
+  if (k.op != OpKind::fused_moe) return;
+  // Each extra once per shape: (value, why it is missing).
+  auto once = [&](BaselineCache* cache, auto measure) -> const std::pair<double, std::string>& {
+    auto it = cache->find(row->shape);
+    if (it == cache->end()) {
+      double v = NAN;
+      const Status st = measure(&v);
+      it = cache->emplace(row->shape, std::make_pair(st.ok() ? v : NAN, st.ok() ? "" : st.to_string())).first;
+    }
+    return it->second;
+  };
+  if (plan.baseline) {
+    const auto& b = once(&measured->baselines, [&](double* v) { return p.baseline(warmup, iters, plan.l2, v); });
+    row->baseline_us = b.first;
+    row->baseline_reason = b.second;
   }
-  row->baseline_us = it->second.first;
-  row->baseline_reason = it->second.second;
+  if (plan.stream) {
+    const auto& b = once(&measured->streams, [&](double* v) { return p.stream(warmup, iters, plan.l2, v); });
+    row->stream_us = b.first;
+    row->stream_reason = b.second;
+  }
 }
 
 // One problem of a device kernel: a row by its rules, or with `configs` (--config; {"all"}: every
 // config the kernel can run for it) one row per config, the problem prepared once.
 void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, const Kernel& k,
-                 const TimingPlan& plan, BaselineCache* baselines, const std::vector<std::string>& configs,
+                 const TimingPlan& plan, Measured* measured, const std::vector<std::string>& configs,
                  const Row& proto, std::vector<Row>* out) {
   Row row = proto;
   std::unique_ptr<testing::BenchProblem> p;
@@ -219,7 +238,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
     return;
   }
   if (configs.empty() || k.configs == nullptr) {
-    time_prepared(*p, k, plan, baselines, &row);
+    time_prepared(*p, k, plan, measured, &row);
     out->push_back(row);
     return;
   }
@@ -234,7 +253,7 @@ void time_device(const testing::OpHarness& h, const testing::BenchRequest& br, c
       r.status = cs.code() == StatusCode::unsupported ? "skipped" : "error";
       r.reason = cs.message();
     } else {
-      time_prepared(*p, k, plan, baselines, &r);
+      time_prepared(*p, k, plan, measured, &r);
     }
     out->push_back(r);
   }
@@ -257,9 +276,10 @@ const char* bound(const Row& r) {
 }
 
 const char* const kRowFormat = "%-14s %-30s %-7s %-18s %-11s %7s %12s %9s %9s %12s %12s %10s %-8s %s";
-const char* const kBaselineFormat = " %12s %11s %s";  // appended to each row when there are device rows
+const char* const kBaselineFormat = " %12s %11s %10s %11s %s";  // appended to each row when there are device rows
 
 double vs_baseline(const Row& r) { return r.status == "ok" && r.time_us > 0 ? r.baseline_us / r.time_us : NAN; }
+double frac_stream(const Row& r) { return r.status == "ok" && r.time_us > 0 ? r.stream_us / r.time_us : NAN; }
 
 std::string num(const char* f, double v) {
   if (std::isnan(v)) return "-";
@@ -283,6 +303,7 @@ void print_row(const Row& r, bool with_baseline) {
                 (r.cache + " x" + std::to_string(r.copies)).c_str());
     if (with_baseline) {
       std::printf(kBaselineFormat, num("%.2f", r.baseline_us).c_str(), num("%.3f", vs_baseline(r)).c_str(),
+                  num("%.2f", r.stream_us).c_str(), num("%.3f", frac_stream(r)).c_str(),
                   r.kernel_chosen.empty() ? "-" : r.kernel_chosen.c_str());
     }
     if (!r.compare_kernel.empty()) {
@@ -291,6 +312,7 @@ void print_row(const Row& r, bool with_baseline) {
     }
     std::printf("\n");
     if (with_baseline && !r.baseline_reason.empty()) std::printf("  # baseline: %s\n", r.baseline_reason.c_str());
+    if (with_baseline && !r.stream_reason.empty()) std::printf("  # stream: %s\n", r.stream_reason.c_str());
   }
   std::fflush(stdout);
 }
@@ -339,6 +361,8 @@ nlohmann::json to_json(const Row& r) {
           {"compute_rate", r.floors.rate}, {"samples", r.samples}, {"batch", r.batch}, {"copies", r.copies},
           {"cache", r.cache}, {"baseline_us", ok ? or_null(r.baseline_us) : nullptr},
           {"vs_baseline", ok ? or_null(vs_baseline(r)) : nullptr}, {"baseline_reason", r.baseline_reason},
+          {"stream_us", ok ? or_null(r.stream_us) : nullptr}, {"frac_stream", ok ? or_null(frac_stream(r)) : nullptr},
+          {"stream_reason", r.stream_reason},
           {"kernel_chosen", r.kernel_chosen}, {"compare_kernel", r.compare_kernel},
           {"compare_us", ok ? or_null(r.compare_us) : nullptr},
           {"speedup", ok ? or_null(r.compare_us / r.time_us) : nullptr}, {"config", r.config},
@@ -361,6 +385,7 @@ int run_bench(const BenchArgs& a) {
   if (s.ok() && !a.iters.empty()) s = parse_int("--iters", a.iters, 1, 1000000, &plan.iters);
   if (s.ok() && !a.warmup.empty()) s = parse_int("--warmup", a.warmup, 0, 1000000, &plan.warmup);
   plan.baseline = !a.no_baseline;
+  plan.stream = !a.no_stream;
   if (s.ok() && a.l2 == "clean") {
     plan.l2 = L2Flush::clean;
   } else if (s.ok() && a.l2 != "flushed") {
@@ -438,7 +463,7 @@ int run_bench(const BenchArgs& a) {
   if (cuda_rows) {
     const DeviceOps* dev = registry().device_ops(Backend::cuda);
     std::fprintf(notes, "device: %s; CUDA rows: median of %d CUDA-graph replays (L2 flushed before each%s, "
-                        "rotating input sets), fused_moe also vs the unfused cuBLAS baseline\n",
+                        "rotating input sets), fused_moe also vs the unfused cuBLAS baseline and a read of its weights\n",
                  dev != nullptr && dev->describe != nullptr ? dev->describe().c_str() : "unknown",
                  plan.iters > 0 ? int(plan.iters) : kDeviceIters,
                  plan.l2 == L2Flush::clean ? ", then a read: clean lines" : "");
@@ -452,10 +477,10 @@ int run_bench(const BenchArgs& a) {
     std::printf("\n");
     std::printf(kRowFormat, "op", "kernel", "backend", "case", "scheme", "tokens", "time_us", "TFLOP/s", "GB/s",
                 "mem_floor_us", "comp_floor_us", "frac_floor", "bound", cuda_rows ? "cache     " : "cache");
-    if (cuda_rows) std::printf(kBaselineFormat, "baseline_us", "vs_baseline", "kernel_chosen");
+    if (cuda_rows) std::printf(kBaselineFormat, "baseline_us", "vs_baseline", "stream_us", "frac_stream", "kernel_chosen");
     std::printf("\n");
   }
-  BaselineCache baselines;
+  Measured measured;
 
   nlohmann::json rows = nlohmann::json::array();
   int ran = 0, errors = 0;
@@ -492,7 +517,7 @@ int run_bench(const BenchArgs& a) {
             if (peak_gflops > 0) r.floors.gflops = {peak_gflops, "--peak-gflops"};
             std::vector<Row> out;
             if (registry().device_ops(b) != nullptr) {
-              time_device(*h, br, *k, plan, &baselines, configs, r, &out);
+              time_device(*h, br, *k, plan, &measured, configs, r, &out);
             } else {
               time_one(*h, br, *k, plan, &r);
               // --compare: the first kernel of the other backend that computes the same problem.

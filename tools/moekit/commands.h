@@ -67,6 +67,7 @@ struct BenchArgs {
   std::string configs;             // --config: fused_moe configs (comma separated) or all; empty = rules
   std::string csv;                 // --csv PATH: also write the rows as CSV
   bool no_baseline = false;        // --no-baseline: skip the unfused cuBLAS baseline (A/B runs, sweeps)
+  bool no_stream = false;          // --no-stream: skip the weight-stream ceiling (stream_us)
   bool json = false;
 };
 

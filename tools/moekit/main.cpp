@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--csv", bench.csv, "Also write the rows to this CSV file");
   bench_cmd->add_flag("--no-baseline", bench.no_baseline,
                       "fused_moe on CUDA: do not time the unfused cuBLAS baseline (faster A/B runs and sweeps)");
+  bench_cmd->add_flag("--no-stream", bench.no_stream,
+                      "fused_moe on CUDA: do not time the read of the touched experts' weights (stream_us)");
   bench_cmd->add_flag("--row-major-weights", bench.row_major_weights,
                      "CPU fused_moe: keep the weights row_major (default: packed once at setup, see docs/cli.md)");
   bench_cmd->add_option("--compare", bench.compare,
