@@ -206,6 +206,49 @@ TEST(FusedMoeSm90Config, LegalConfigsEnumerateTheVariants) {
   EXPECT_EQ(names.size(), 1u + 1 + 4 * 2);  // small_m, 64x256.mma4, 128x256.ws4 x 4 schedules x 2 K ranges
 }
 
+// small_m/persistent (the one-launch fp8_block decode): parses, names itself, is legal for fp8_block
+// at 1-8 tokens with H and I multiples of 128, refuses the rest with the reason, and is never the
+// rules' pick.
+TEST(FusedMoeSm90Config, PersistentDecodeConfig) {
+  Sm90Problem p;
+  p.recipe = Sm90Recipe::fp8_block;
+  p.T = 1, p.k = 8, p.E = p.Eg = 256, p.H = 7168, p.I = 2048;  // DeepSeek-V3
+  Sm90ConfigRequest req;
+  std::string why;
+  ASSERT_TRUE(parse_sm90_config("small_m/persistent", p.recipe, &req, &why)) << why;
+  EXPECT_EQ(req.c.strategy, Sm90Strategy::small_m);
+  EXPECT_EQ(req.c.mainloop, Sm90Mainloop::persistent);
+  EXPECT_EQ(sm90_config_name(req.c), "small_m/persistent");
+  for (int64_t T : {1, 8}) {
+    p.T = T;
+    Sm90Config c;
+    EXPECT_TRUE(resolve_sm90_config(p, kH200Facts, req, &c, &why)) << why;
+    std::set<std::string> names;
+    for (const Sm90Config& l : legal_sm90_configs(p, kH200Facts)) names.insert(sm90_config_name(l));
+    EXPECT_EQ(names.count("small_m/persistent"), 1u) << "T=" << T;
+    EXPECT_NE(sm90_config_name(select_sm90_config(p, kH200Facts)), "small_m/persistent");
+  }
+  auto refusal = [&](const Sm90Problem& q) {
+    Sm90Config c;
+    std::string w;
+    EXPECT_FALSE(resolve_sm90_config(q, kH200Facts, req, &c, &w));
+    for (const Sm90Config& l : legal_sm90_configs(q, kH200Facts)) EXPECT_NE(sm90_config_name(l), "small_m/persistent");
+    return w;
+  };
+  Sm90Problem q = p;
+  q.T = 9;
+  EXPECT_NE(refusal(q).find("takes 1 to 8 tokens, got T = 9"), std::string::npos);
+  q = p;
+  q.recipe = Sm90Recipe::fp8_row;
+  EXPECT_NE(refusal(q).find("built for fp8_block weights, got fp8_row"), std::string::npos);
+  q = p;
+  q.H = 7232;
+  EXPECT_NE(refusal(q).find("multiples of 128"), std::string::npos);
+  q = p;
+  q.T = 8, q.k = 33;
+  EXPECT_NE(refusal(q).find("T k <= 256"), std::string::npos);
+}
+
 // A device with fewer SMs changes the SM-count rules only: Mixtral fp8 T = 1 splits its 64 x 256
 // ring down GEMM into fewer K ranges.
 TEST(FusedMoeSm90Config, FewerSmsChangeOnlyTheSmCountRules) {

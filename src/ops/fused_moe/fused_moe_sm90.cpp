@@ -20,6 +20,7 @@
 #include "moekit/core/config.h"
 #include "moekit/ops/fused_moe.h"
 #include "ops/fused_moe/fused_moe_sm90_config.h"
+#include "ops/fused_moe/fused_moe_sm90_decode.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_fp8_block.h"
@@ -36,7 +37,8 @@ enum class Only : uint8_t { any, small_m, grouped };
 constexpr uint8_t kFp8RowBits = variant_bit(MoeVariant::fp8_row) | variant_bit(MoeVariant::fp8_row_tkw1);
 constexpr uint8_t kAllBits = variant_bit(MoeVariant::unquantized) | kFp8RowBits | variant_bit(MoeVariant::fp8_block);
 
-// One recipe's kernels: small_m (decode) and the grouped GEMMs (prefill, any config of theirs).
+// One recipe's kernels: small_m (decode), the grouped GEMMs (prefill, any config of theirs) and
+// the one-launch decode (small_m/persistent; null where the recipe has none).
 struct RecipeKernels {
   Status (*small_m_supports)(const FusedMoeParams&);
   size_t (*small_m_workspace)(const FusedMoeParams&);
@@ -44,6 +46,9 @@ struct RecipeKernels {
   Status (*grouped_supports)(const FusedMoeParams&);
   size_t (*grouped_workspace)(const FusedMoeParams&, const Sm90Config&);
   Status (*grouped_run)(const FusedMoeParams&, const Sm90Config&, const RunContext&);
+  Status (*persistent_supports)(const FusedMoeParams&) = nullptr;
+  size_t (*persistent_workspace)(const FusedMoeParams&) = nullptr;
+  Status (*persistent_run)(const FusedMoeParams&, const RunContext&) = nullptr;
 };
 
 constexpr RecipeKernels kBf16{fused_moe_small_m_supports,
@@ -63,7 +68,10 @@ constexpr RecipeKernels kFp8Block{fused_moe_small_m_fp8_block_supports,
                                   fused_moe_small_m_fp8_block_run,
                                   fused_moe_sm90_grouped_fp8_block_supports,
                                   fused_moe_sm90_grouped_fp8_block_config_workspace_bytes,
-                                  fused_moe_sm90_grouped_fp8_block_config_run};
+                                  fused_moe_sm90_grouped_fp8_block_config_run,
+                                  fused_moe_sm90_decode_supports,
+                                  fused_moe_sm90_decode_workspace_bytes,
+                                  fused_moe_sm90_decode_run};
 
 const RecipeKernels& kernels_of(Sm90Recipe r) {
   return r == Sm90Recipe::fp8_block ? kFp8Block : r == Sm90Recipe::fp8_row ? kFp8Row : kBf16;
@@ -82,6 +90,13 @@ const char* strategy_name(Sm90Strategy s) { return s == Sm90Strategy::small_m ? 
 
 Status strategy_supports(const RecipeKernels& k, Sm90Strategy s, const FusedMoeParams& p) {
   return s == Sm90Strategy::small_m ? k.small_m_supports(p) : k.grouped_supports(p);
+}
+bool persistent(const Sm90Config& c) { return c.mainloop == Sm90Mainloop::persistent; }
+// Whether the kernels of config c take p's operands.
+Status config_supports(const RecipeKernels& k, const Sm90Config& c, const FusedMoeParams& p) {
+  if (!persistent(c)) return strategy_supports(k, c.strategy, p);
+  if (k.persistent_supports == nullptr) return Unsupported("small_m/persistent is not built for this recipe");
+  return k.persistent_supports(p);
 }
 
 // The config a row running `only` launches for p, and why: the explicit config (checked: it must
@@ -104,7 +119,7 @@ Status plan(const FusedMoeParams& p, Only only, Plan* out) {
       return Unsupported("config '", p.config, "' is not a ", only == Only::small_m ? "small_m" : "grouped",
                          " config");
     }
-    const Status s = strategy_supports(k, req.c.strategy, p);
+    const Status s = config_supports(k, req.c, p);
     if (!s.ok()) return Unsupported("config '", p.config, "': ", s.message());
     if (!resolve_sm90_config(q, dev, req, &out->c, &why)) return Unsupported(why);
     out->why = std::string("config '") + p.config + "'";
@@ -152,6 +167,7 @@ size_t workspace(const FusedMoeParams& p) {
   Plan pl;
   if (!row_plan<kOnly, kBits>(p, &pl).ok()) return 0;
   const RecipeKernels& k = kernels_of(pl.c.recipe);
+  if (persistent(pl.c)) return k.persistent_workspace(p);
   return pl.c.strategy == Sm90Strategy::small_m ? k.small_m_workspace(p) : k.grouped_workspace(p, pl.c);
 }
 
@@ -176,6 +192,7 @@ Status run_as(const char* self, const FusedMoeParams& p, const RunContext& ctx) 
   MOEKIT_RETURN_IF_ERROR((row_plan<kOnly, kBits>(p, &pl)));
   if (config().print_dispatch) print_plan(self, p, pl);
   const RecipeKernels& k = kernels_of(pl.c.recipe);
+  if (persistent(pl.c)) return k.persistent_run(p, ctx);
   return pl.c.strategy == Sm90Strategy::small_m ? k.small_m_run(p, ctx) : k.grouped_run(p, pl.c, ctx);
 }
 
@@ -192,7 +209,9 @@ std::vector<std::string> configs(const void* params) {
   const bool small_ok = kOnly != Only::grouped && k.small_m_supports(p).ok();
   const bool grouped_ok = kOnly != Only::small_m && k.grouped_supports(p).ok();
   for (const Sm90Config& c : legal_sm90_configs(q, current_device_facts_or_zero())) {
-    const bool ok = c.strategy == Sm90Strategy::small_m ? small_ok : grouped_ok;
+    const bool ok = persistent(c) ? kOnly != Only::grouped && config_supports(k, c, p).ok()
+                    : c.strategy == Sm90Strategy::small_m ? small_ok
+                                                          : grouped_ok;
     if (ok && !(c == pl.c)) out.push_back(sm90_config_name(c));
   }
   return out;

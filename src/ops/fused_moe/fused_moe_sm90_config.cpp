@@ -14,6 +14,7 @@ const char* mainloop_name(Sm90Mainloop m) {
     case Sm90Mainloop::mma: return "mma";
     case Sm90Mainloop::ws: return "ws";
     case Sm90Mainloop::ring: return "ring";
+    case Sm90Mainloop::persistent:
     case Sm90Mainloop::none: break;
   }
   return "";
@@ -239,8 +240,29 @@ Sm90Config sm90_small_m_config(Sm90Recipe r) {
   return c;
 }
 
+Sm90Config sm90_persistent_config(Sm90Recipe r) {
+  Sm90Config c = sm90_small_m_config(r);
+  c.mainloop = Sm90Mainloop::persistent;
+  return c;
+}
+
+std::string sm90_persistent_refusal(const Sm90Problem& p) {
+  if (p.recipe != Sm90Recipe::fp8_block) {
+    return std::string("small_m/persistent is built for fp8_block weights, got ") + sm90_recipe_name(p.recipe);
+  }
+  if (p.T < 1 || p.T > 8) return "small_m/persistent takes 1 to 8 tokens, got T = " + std::to_string(p.T);
+  if (p.tk() > 256) return "small_m/persistent takes T k <= 256, got " + std::to_string(p.tk());
+  if (p.H % 128 != 0 || p.I % 128 != 0) {
+    return "small_m/persistent needs H and I multiples of 128, got H = " + std::to_string(p.H) +
+           ", I = " + std::to_string(p.I);
+  }
+  return "";
+}
+
 std::string sm90_config_name(const Sm90Config& c) {
-  if (c.strategy == Sm90Strategy::small_m) return "small_m";
+  if (c.strategy == Sm90Strategy::small_m) {
+    return c.mainloop == Sm90Mainloop::persistent ? "small_m/persistent" : "small_m";
+  }
   std::string s = "grouped/" + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "." +
                   mainloop_name(c.mainloop) + std::to_string(c.stages[0]);
   if (c.stages[1] != c.stages[0]) s += "." + std::to_string(c.stages[1]);
@@ -265,12 +287,14 @@ bool parse_sm90_config(const std::string& name, Sm90Recipe recipe, Sm90ConfigReq
     return false;
   };
   *out = Sm90ConfigRequest{};
-  if (name == "small_m") {
-    out->c = sm90_small_m_config(recipe);
+  if (name == "small_m" || name == "small_m/persistent") {
+    out->c = name == "small_m" ? sm90_small_m_config(recipe) : sm90_persistent_config(recipe);
     return true;
   }
   const std::string prefix = "grouped/";
-  if (name.compare(0, prefix.size(), prefix) != 0) return fail("must be small_m or grouped/MxN.loopS[+options]");
+  if (name.compare(0, prefix.size(), prefix) != 0) {
+    return fail("must be small_m, small_m/persistent or grouped/MxN.loopS[+options]");
+  }
   std::string rest = name.substr(prefix.size());
   std::vector<std::string> options;
   for (size_t plus = rest.find('+'); plus != std::string::npos; plus = rest.find('+')) {
@@ -328,6 +352,11 @@ bool resolve_sm90_config(const Sm90Problem& p, const DeviceFacts& dev, const Sm9
                          std::string* why) {
   const Sm90Config& c = req.c;
   if (c.strategy == Sm90Strategy::small_m) {
+    const std::string bad = c.mainloop == Sm90Mainloop::persistent ? sm90_persistent_refusal(p) : "";
+    if (!bad.empty()) {
+      if (why) *why = "config 'small_m/persistent': " + bad;
+      return false;
+    }
     *out = c;
     return true;
   }
@@ -359,6 +388,7 @@ bool resolve_sm90_config(const Sm90Problem& p, const DeviceFacts& dev, const Sm9
 
 std::vector<Sm90Config> legal_sm90_configs(const Sm90Problem& p, const DeviceFacts& dev) {
   std::vector<Sm90Config> out = {sm90_small_m_config(p.recipe)};
+  if (sm90_persistent_refusal(p).empty()) out.push_back(sm90_persistent_config(p.recipe));
   for (Sm90Config f : grouped_families(p)) {
     resolve(p, dev, &f);
     const bool block_mma = f.recipe == Sm90Recipe::fp8_block && f.mainloop == Sm90Mainloop::mma;

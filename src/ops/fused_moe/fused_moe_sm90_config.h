@@ -21,8 +21,10 @@ namespace moekit {
 enum class Sm90Recipe : uint8_t { bf16, fp8_row, fp8_block };  // bf16: bf16 or f16 operands
 enum class Sm90Strategy : uint8_t { small_m, grouped };
 // mma: cp.async + mma.sync; ws: TMA + wgmma, warp-specialised; ring: the fp8 TMA ring with f32
-// promotion per K slice; none: small_m (CUDA-core dots).
-enum class Sm90Mainloop : uint8_t { none, mma, ws, ring };
+// promotion per K slice; none: small_m (CUDA-core dots); persistent: small_m as one cooperative
+// launch (fused_moe_sm90_decode.h; fp8_block, T <= 8; named "small_m/persistent", never picked by
+// the rules).
+enum class Sm90Mainloop : uint8_t { none, mma, ws, ring, persistent };
 // grid: one CTA per tile; static_order: CTA b takes items b + i * grid; dynamic: a work counter.
 enum class Sm90Schedule : uint8_t { grid, static_order, dynamic };
 
@@ -57,8 +59,12 @@ struct Sm90Problem {
 Sm90Recipe sm90_recipe_of(MoeVariant v);
 const char* sm90_recipe_name(Sm90Recipe r);
 Sm90Config sm90_small_m_config(Sm90Recipe r);
+// The one-launch decode config (small_m/persistent) and why it cannot run p ("" when it can, as far
+// as the shape says: fp8_block, 1 <= T <= 8, T k <= 256, H and I multiples of 128).
+Sm90Config sm90_persistent_config(Sm90Recipe r);
+std::string sm90_persistent_refusal(const Sm90Problem& p);
 
-// "small_m" or "grouped/{M}x{N}.{mma|ws|ring}{stages}[.{stages2}]" then options: "+dynamic",
+// "small_m", "small_m/persistent" or "grouped/{M}x{N}.{mma|ws|ring}{stages}[.{stages2}]" then options: "+dynamic",
 // "+static" (both gemms), "+dynamic1" / "+dynamic2" (one gemm dynamic, the other static; bf16 ws
 // only: the other mainloops have one schedule), "+k{n}" (gemm2 K ranges; ws and 64 x 256 ring only).
 // The recipe is not in the name. Names written here are complete (every choice spelled out).
