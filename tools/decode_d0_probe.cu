@@ -76,10 +76,6 @@ __device__ __forceinline__ uint64_t globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// Generic-proxy shared-memory writes -> visible to the async proxy (wgmma / TMA reads).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 __global__ void k_pad(unsigned ns) {
   for (const uint64_t t0 = globaltimer(); globaltimer() - t0 < ns;) continue;
@@ -171,19 +167,8 @@ __global__ void __launch_bounds__(256, 1) k_stream_ld(const uint4* w, int rows, 
   sink[blockIdx.x * blockDim.x + threadIdx.x] = x;
 }
 
-// Test 3: wgmma m64n8k32 e4m3 (A 64 x 32 and B 8 x 32 codes, K-major, 128-byte swizzle; not in
-// wgmma.cuh). `accumulate` 0: D = A B^T, 1: D += A B^T.
-__device__ __forceinline__ void wgmma_fp8_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void fence4(float (&d)[4]) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[q])::"memory");
-}
+// Test 3: wgmma m64n8k32 e4m3 (sm90::wgmma_fp8_n8: A 64 x 32 and B 8 x 32 codes, K-major, 128-byte
+// swizzle).
 // Finite e4m3 codes (|v| <= 1.875, both signs).
 __device__ __forceinline__ unsigned char test_code(int i) {
   return (unsigned char)(((i * 29 + 7) & 0x3F) | ((i & 1) << 7));
@@ -210,13 +195,13 @@ __global__ void __launch_bounds__(NWG * 128) k_wgmma(int iters, float* out) {
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < iters; ++i) {
     const uint64_t da = wgmma_desc_sw128(a0 + uint32_t((i + wg) & (kATiles - 1)) * 8192u);
-    fence4(d);
+    fence_regs(d);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n8(d, da + uint64_t(2 * ks), db + uint64_t(2 * ks), PROMOTE ? ks > 0 : 1);
     wgmma_commit();
     wgmma_wait<0>();
-    fence4(d);
+    fence_regs(d);
     if constexpr (PROMOTE) {
       const float s = scales[i & 63];
 #pragma unroll

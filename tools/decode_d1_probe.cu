@@ -86,26 +86,10 @@ struct P1Args {
   uint32_t off_b, off_bar, off_xs, off_wsc;  // shared-memory offsets from the 1024-aligned base
 };
 
-// ------------------------------------------------------------------ device helpers
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 __device__ __forceinline__ void consumer_bar() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
-// wgmma m64n8k32 e4m3 (A 64 x 32 and B 8 x 32 codes, K-major, 128-byte swizzle; not in wgmma.cuh).
-// `accumulate` 0: D = A B^T, 1: D += A B^T. D fragment (PTX ISA, m64nNk32 D layout, as wgmma.cuh's
-// AccW with one n8 block): thread (warp w of the group, lane l) holds d[0], d[1] = row 16 w + l / 4,
-// columns 2 (l % 4), +1, and d[2], d[3] = the same columns of row + 8.
-__device__ __forceinline__ void wgmma_fp8_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void fence4(float (&d)[4]) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[q])::"memory");
-}
+// wgmma m64n8k32 e4m3: sm90::wgmma_fp8_n8 (A 64 x 32 and B 8 x 32 codes, K-major, 128-byte swizzle).
+// D fragment: thread (warp w of the group, lane l) holds d[0], d[1] = row 16 w + l / 4, columns
+// 2 (l % 4), +1, and d[2], d[3] = the same columns of row + 8.
 
 // P1 (kMath) or the stream ceiling (!kMath); grid G, kThreads threads, one CTA per SM. Shared memory
 // from the 1024-aligned base: stages x 16 KB ring | B: KT x 1 KB | 2 x stages mbarriers (full,
@@ -193,8 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_p1(const __grid_constant__ CUte
       const uint32_t st = sbase + uint32_t(s) * kStageBytes;
       const uint64_t dg = wgmma_desc_sw128(st), du = wgmma_desc_sw128(st + kBoxBytes);
       const uint64_t db = wgmma_desc_sw128(b0 + uint32_t(kt) * 1024u);
-      fence4(pg);
-      fence4(pu);
+      fence_regs(pg);
+      fence_regs(pu);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n8(pg, dg + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
@@ -202,8 +186,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_p1(const __grid_constant__ CUte
       for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n8(pu, du + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();
-      fence4(pg);
-      fence4(pu);
+      fence_regs(pg);
+      fence_regs(pu);
       __syncwarp();
       if (lane == 0) mbar_arrive(empty(s));
       const float2 xv = *reinterpret_cast<const float2*>(xs + kt * 8 + col), wv = wsc[j];

@@ -23,4 +23,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Orders this thread's generic-proxy writes before later async-proxy (TMA, wgmma) reads of them:
+// of shared memory (a B tile written by threads, then read by wgmma) or of global memory (a
+// workspace written in one phase of a kernel, read by TMA after a barrier).
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 }  // namespace moekit::cuda::sm90

@@ -50,6 +50,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[16][4]) {
     for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
 }
 
+// The same for the 4 accumulators of one m64n8k32 (wgmma_fp8_n8).
+__device__ __forceinline__ void fence_regs(float (&d)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[q])::"memory");
+}
+
 #define MOEKIT_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define MOEKIT_WG_REGS \
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
@@ -134,6 +140,17 @@ __device__ __forceinline__ void wgmma_fp8_n128(float (&d)[16][4], uint64_t da, u
 }
 #undef MOEKIT_WG64_OPERANDS
 #undef MOEKIT_WG64_REGS
+
+// fp8 m64n8k32 (4 f32 accumulators per thread: rows r and r + 8 of the warp's 16, columns 2 (lane % 4)
+// and + 1), accumulate 0: d = A B. The one-launch decode's tiles: weights as A, <= 8 tokens as B
+// (fused_moe_sm90_decode.cu).
+__device__ __forceinline__ void wgmma_fp8_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
 
 // fp8 m64n64k32 (32 f32 accumulators per thread, d[j][q] with j < 8), accumulating: the gate / up
 // halves of the 128 x 256 per-row gemm1's tail tiles (ws_consume_tail, fused_moe_sm90_grouped_tma.cuh).

@@ -117,20 +117,6 @@ struct Args {
   bool g1u1, weight_on_input;
 };
 
-__device__ __forceinline__ void wgmma_fp8_n8(float (&d)[4], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void fence4(float (&d)[4]) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[q])::"memory");
-}
-// Generic-proxy writes of this thread before the async proxy (TMA) reads them after a barrier.
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-
 // The slices [start(c), start(c + 1)) of CTA c among S over G CTAs, and the CTA whose range holds s.
 __device__ __forceinline__ int64_t range_start(int c, int64_t S, int G) { return int64_t(c) * S / G; }
 __device__ __forceinline__ int owner(int64_t s, int64_t S, int G) { return int(((s + 1) * G - 1) / S); }
@@ -341,8 +327,8 @@ __device__ void consume(const Smem& sm, WsRingT<kStages>& ring, Tables& t, float
     mbar_wait(sm.full(ring.s), ring.phase);
     const uint64_t da0 = wgmma_desc_sw128(sm.a(ring.s)), da1 = wgmma_desc_sw128(sm.a(ring.s) + kBoxBytes);
     const uint64_t db = wgmma_desc_sw128(sm.b(ring.s));
-    fence4(p0);
-    fence4(p1);
+    fence_regs(p0);
+    fence_regs(p1);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n8(p0, da0 + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
@@ -350,8 +336,8 @@ __device__ void consume(const Smem& sm, WsRingT<kStages>& ring, Tables& t, float
     for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n8(p1, da1 + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
-    fence4(p0);
-    fence4(p1);
+    fence_regs(p0);
+    fence_regs(p1);
     if (lane == 0) mbar_arrive(sm.empty(ring.s));
     ring.next();
 #pragma unroll
