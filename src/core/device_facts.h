@@ -13,6 +13,7 @@ struct DeviceFacts {
   int smem_optin_bytes = 0;  // shared memory one block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   int64_t l2_bytes = 0;      // L2 cache (cudaDevAttrL2CacheSize)
   int cc_major = 0, cc_minor = 0;
+  bool cooperative_launch = false;  // kernels may be launched cooperatively (cudaDevAttrCooperativeLaunch)
 };
 
 // Shared memory one CTA may opt into on every sm_90 part (the architecture's limit): what the
@@ -22,6 +23,6 @@ inline constexpr int kSm90SmemOptinBytes = 227 * 1024;
 // The H200 the rules were measured on (docs/experiments.md): what tests pass to the rules to pin
 // today's choices, and what the rules assume when no device can be asked (sm_count 0 there means
 // "unknown", which the rules treat as the smallest grid, so they never over-split).
-inline constexpr DeviceFacts kH200Facts{132, kSm90SmemOptinBytes, int64_t(60) << 20, 9, 0};
+inline constexpr DeviceFacts kH200Facts{132, kSm90SmemOptinBytes, int64_t(60) << 20, 9, 0, true};
 
 }  // namespace moekit

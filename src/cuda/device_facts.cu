@@ -13,15 +13,16 @@ namespace moekit::cuda {
 namespace {
 
 Status query(int dev, DeviceFacts* f) {
-  int l2 = 0;
+  int l2 = 0, coop = 0;
   const cudaDeviceAttr attrs[] = {cudaDevAttrMultiProcessorCount, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                   cudaDevAttrL2CacheSize, cudaDevAttrComputeCapabilityMajor,
-                                  cudaDevAttrComputeCapabilityMinor};
-  int* outs[] = {&f->sm_count, &f->smem_optin_bytes, &l2, &f->cc_major, &f->cc_minor};
-  for (int i = 0; i < 5; ++i) {
+                                  cudaDevAttrComputeCapabilityMinor, cudaDevAttrCooperativeLaunch};
+  int* outs[] = {&f->sm_count, &f->smem_optin_bytes, &l2, &f->cc_major, &f->cc_minor, &coop};
+  for (int i = 0; i < 6; ++i) {
     MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(outs[i], attrs[i], dev), "device facts"));
   }
   f->l2_bytes = l2;
+  f->cooperative_launch = coop != 0;
   return Status::Ok();
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "ops/fused_moe/fused_moe_sm90_decode.h"
+
 namespace moekit {
 
 namespace {
@@ -250,8 +252,13 @@ std::string sm90_persistent_refusal(const Sm90Problem& p) {
   if (p.recipe != Sm90Recipe::fp8_block) {
     return std::string("small_m/persistent is built for fp8_block weights, got ") + sm90_recipe_name(p.recipe);
   }
-  if (p.T < 1 || p.T > 8) return "small_m/persistent takes 1 to 8 tokens, got T = " + std::to_string(p.T);
-  if (p.tk() > 256) return "small_m/persistent takes T k <= 256, got " + std::to_string(p.tk());
+  if (p.T < 1 || p.T > cuda::kDecodeMaxTokens) {
+    return "small_m/persistent takes 1 to " + std::to_string(cuda::kDecodeMaxTokens) + " tokens, got T = " +
+           std::to_string(p.T);
+  }
+  if (p.tk() > cuda::kDecodeMaxSlots) {
+    return "small_m/persistent takes T k <= " + std::to_string(cuda::kDecodeMaxSlots) + ", got " + std::to_string(p.tk());
+  }
   if (p.H % 128 != 0 || p.I % 128 != 0) {
     return "small_m/persistent needs H and I multiples of 128, got H = " + std::to_string(p.H) +
            ", I = " + std::to_string(p.I);

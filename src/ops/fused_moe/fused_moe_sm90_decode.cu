@@ -74,7 +74,7 @@ constexpr uint32_t kBBytes = 8 * kBlk;                    // the 8 columns' code
 constexpr uint32_t kStageBytes = 2 * kBoxBytes + 1024;    // two boxes + B (one 1 KiB swizzle atom)
 using Smem = WsSmemT<kStages, kStageBytes, 2 * kBoxBytes>;
 constexpr int kMaxT = int(kDecodeMaxTokens);
-constexpr int kMaxSlots = 256;           // T k
+constexpr int kMaxSlots = int(kDecodeMaxSlots);
 constexpr int kMaxE = 1024;              // local and global experts
 constexpr int kPartFloats = 2 * 64 * 8;  // a unit's partial sums: 2 boxes x 64 rows x 8 columns
 static_assert(kMaxSlots == kThreads, "P0 gives every slot a thread");
@@ -582,10 +582,7 @@ Status fused_moe_sm90_decode_supports(const FusedMoeParams& p) {
   }
   DeviceFacts f;
   MOEKIT_RETURN_IF_ERROR(current_device_facts(&f));
-  int dev = 0, coop = 0;
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cooperative"));
-  if (!coop) return Unsupported("small_m/persistent: the device does not launch kernels cooperatively");
+  if (!f.cooperative_launch) return Unsupported("small_m/persistent: the device does not launch kernels cooperatively");
   if (f.smem_optin_bytes < kSmemBytes) {
     return Unsupported("small_m/persistent: needs ", kSmemBytes, " shared bytes per CTA, the device allows ",
                        f.smem_optin_bytes);

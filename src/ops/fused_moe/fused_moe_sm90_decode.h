@@ -11,8 +11,10 @@
 
 namespace moekit::cuda {
 
-// The most tokens the kernel takes (the tokens are the N = 8 columns of its wgmma).
+// The most tokens the kernel takes (the tokens are the N = 8 columns of its wgmma), and the most
+// slots T k (one thread each while the routing tables are built).
 constexpr int64_t kDecodeMaxTokens = 8;
+constexpr int64_t kDecodeMaxSlots = 256;
 
 // ok, or why the kernel refuses p: the fp8_block kernels' conditions
 // (fused_moe_sm90_grouped_fp8_block_supports), then T <= 8, T k <= 256, E and the global experts
