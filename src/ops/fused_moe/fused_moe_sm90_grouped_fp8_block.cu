@@ -28,7 +28,7 @@
 // cp.async + mma.sync m16n8k32 e4m3 mainloop of the per-row BM 64 kernels (emulated on sm_90: two
 // HMMA per MMA), promoting per K slice through the mainloop's slice hook (BlkPromote) from scales
 // staged in shared memory: the 64-row tiles where the TMA ones do not take the shape.
-// fused_moe_sm90_fp8_block picks among them by fused_moe_sm90_grouped_fp8_block_tile_m.
+// fused_moe_sm90_fp8_block picks among them by fp8_block_tiles (fused_moe_sm90_tiles.h).
 // Deterministic by construction (no float atomics). Requirements: weights e4m3fn row_major with
 // scale_block_n = scale_block_k = 128, H % 128 == 0, I % 128 == 0.
 // Resources: 64 + 2 x 64 accumulators per consumer thread (no spills); a ring of 7 stages of 32 KiB
