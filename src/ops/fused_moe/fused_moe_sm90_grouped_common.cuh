@@ -38,8 +38,12 @@ __device__ __forceinline__ float act(float z) {
     // The hardware exp2 and reciprocal (__expf, __fdividef): a few ulp from expf and an IEEE
     // divide, far below the bf16 / fp8 rounding of a that follows (z very negative gives -0 as
     // z / inf does); expf and the division subroutine bloated the gemm1 epilogues
-    // (docs/experiments.md E25).
-    return __fdividef(z, 1.0f + __expf(-z));
+    // (docs/experiments.md E25). exp2 with denormal results flushed to zero is __expf without its
+    // denormal fix-up (three instructions a value, E116): 1 + e is 1 wherever e is denormal, so
+    // the result is the same bit for bit.
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));
+    return __fdividef(z, 1.0f + e);
   } else if constexpr (A == Activation::gelu) {
     return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
   } else {

@@ -59,8 +59,10 @@ __device__ __forceinline__ void blk_consume_tile(const typename Fp8Ring<kBM>::Sm
 
 // Consumer warpgroup wg of a 128 x 256 tile (Fp8Ring<128, 256>): acc[h] (its 64 rows and the
 // columns 128 h .. 128 h + 127) = sum over K slices of the half's wgmma partial sums times a_scale *
-// w_scale (fp8_ring_consume_halves). The scales of slice kt + 2 are loaded after slice kt's second
-// fold (two groups' cover, as blk_consume_tile).
+// w_scale (fp8_ring_consume_halves). The scales of slice kt + 2 are loaded while slice kt's second
+// group runs and used two slices later. NOTE: loaded after slice kt's second fold, ptxas moved the
+// weight scales into uniform registers right after their loads, so every slice waited there for a
+// load before issuing the next group (E113).
 template <int kBM, int kN>
 __device__ __forceinline__ void blk_consume_tile_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
                                                         typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
@@ -78,24 +80,29 @@ __device__ __forceinline__ void blk_consume_tile_halves(const typename Fp8Ring<k
     return Sc{sc.row0 != nullptr ? sc.row0[kt] : 0.0f, sc.row1 != nullptr ? sc.row1[kt] : 0.0f,
               sc.lo[kt], sc.hi[kt], sc.lo1[kt], sc.hi1[kt]};
   };
-  Sc cur = scales(0), nxt = scales(KT > 1 ? 1 : 0);
-  fp8_ring_consume_halves<kBM, kN>(sm, ring, wg, KT, [&](const float(&t)[16][4], auto half, int kt) {
-    constexpr int h = decltype(half)::value;
-    const float lo = h == 0 ? cur.lo0 : cur.lo1, hi = h == 0 ? cur.hi0 : cur.hi1;
+  Sc cur = scales(0), nxt = scales(KT > 1 ? 1 : 0), far = nxt;
+  fp8_ring_consume_halves<kBM, kN>(
+      sm, ring, wg, KT,
+      [&](const float(&t)[16][4], auto half, int) {
+        constexpr int h = decltype(half)::value;
+        const float lo = h == 0 ? cur.lo0 : cur.lo1, hi = h == 0 ? cur.hi0 : cur.hi1;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float c = j < 8 ? lo : hi;
-      const float f0 = cur.s0 * c, f1 = cur.s1 * c;
-      acc[h][j][0] += t[j][0] * f0;
-      acc[h][j][1] += t[j][1] * f0;
-      acc[h][j][2] += t[j][2] * f1;
-      acc[h][j][3] += t[j][3] * f1;
-    }
-    if constexpr (h == 1) {
-      cur = nxt;
-      if (kt + 2 < KT) nxt = scales(kt + 2);
-    }
-  });
+        for (int j = 0; j < 16; ++j) {
+          const float c = j < 8 ? lo : hi;
+          const float f0 = cur.s0 * c, f1 = cur.s1 * c;
+          acc[h][j][0] += t[j][0] * f0;
+          acc[h][j][1] += t[j][1] * f0;
+          acc[h][j][2] += t[j][2] * f1;
+          acc[h][j][3] += t[j][3] * f1;
+        }
+        if constexpr (h == 1) {
+          cur = nxt;
+          nxt = far;
+        }
+      },
+      [&](int kt) {
+        if (kt + 2 < KT) far = scales(kt + 2);
+      });
 }
 
 // The schedule of fp8_ring_run with the block-scaled consumer, each tile in `splits` K ranges

@@ -144,27 +144,31 @@ __device__ __forceinline__ void fp8_ring_consume_promoted(const typename Fp8Ring
 // columns): per K slice, the wgmma m64n128k32 partial sums of columns 0..127 (B boxes 0-1), then of
 // 128..255 (boxes 2-3), each in the one buffer and handed to fold(cur, half, kt) (half:
 // std::integral_constant 0 or 1) once its group retired; the stage goes back to the producer after
-// the second. A warpgroup's folds leave the tensor cores to the other warpgroup's group: one buffer
-// (64) and the caller's two halves of f32 sums (128) fit the consumers' 232 registers, where two
-// buffers would not.
+// the second; ahead(kt) runs while slice kt's second group is in flight (the caller's loads for a
+// later slice, E113). A warpgroup's folds leave the tensor cores to the other warpgroup's group: one
+// buffer (64) and the caller's two halves of f32 sums (128) fit the consumers' 232 registers, where
+// two buffers would not.
 // NOTE: the tensor pipe idles in each warpgroup's drain and fold while shared memory, L2 and DRAM
 // are far from their limits (E83). Measured no faster: quarter groups into two 32-register buffers
 // (E76); the two warpgroups' groups issued in turn through named barriers (E77); two-CTA clusters
-// with the B boxes multicast (E75); A from registers, wgmma RS (E78).
-template <int kBM, int kN, class Fold>
+// with the B boxes multicast (E75); A from registers, wgmma RS (E78); the next slice's full wait and
+// descriptors taken while the second group runs (E114).
+template <int kBM, int kN, class Fold, class Ahead>
 __device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<kBM, kN>::Smem& sm,
                                                         typename Fp8Ring<kBM, kN>::Ring& ring, int wg, int KT,
-                                                        Fold fold) {
+                                                        Fold fold, Ahead ahead) {
   static_assert(Fp8Ring<kBM, kN>::kHalves, "128 x 256 tiles");
   const bool leader = (threadIdx.x & 31) == 0;
   const uint32_t a_off = Fp8Ring<kBM, kN>::a_off(wg);
   float t[16][4];  // not initialised: each group's first wgmma ignores it (scale-d 0)
-  auto group = [&](uint64_t da, uint64_t db) {
+  auto issue = [&](uint64_t da, uint64_t db) {
     fence_regs(t);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_fp8_n128(t, da + uint64_t(2 * ks), db + uint64_t(2 * ks), ks > 0);
     wgmma_commit();
+  };
+  auto retire = [&] {
     wgmma_wait<0>();
     fence_regs(t);
   };
@@ -172,9 +176,12 @@ __device__ __forceinline__ void fp8_ring_consume_halves(const typename Fp8Ring<k
     const int st = ring.s;
     mbar_wait(sm.full(st), ring.phase);
     const uint64_t da = wgmma_desc_sw128(sm.a(st) + a_off);
-    group(da, wgmma_desc_sw128(sm.b(st)));
+    issue(da, wgmma_desc_sw128(sm.b(st)));
+    retire();
     fold(t, std::integral_constant<int, 0>{}, kt);
-    group(da, wgmma_desc_sw128(sm.b(st) + 2 * kFp8BoxBytes));
+    issue(da, wgmma_desc_sw128(sm.b(st) + 2 * kFp8BoxBytes));
+    ahead(kt);  // while the second group runs
+    retire();
     if (leader) mbar_arrive(sm.empty(st));
     ring.next();
     fold(t, std::integral_constant<int, 1>{}, kt);
