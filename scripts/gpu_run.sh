@@ -15,7 +15,8 @@
 # NOTE: one device call may run 10 minutes. The test binary alone took 4-7 min on the H200 (2026-11-29,
 # 509 tests, the machine partly busy; 3.5 min on 2026-12-01 for 532; 4 shards of 564 next to check and
 # sanitize ~5.5 min on 2026-12-02), check ~1.5 min, sanitize: memcheck 320 s alone (2026-12-02: it ran
-# past a 330 s limit next to the tests; SANITIZE_LIMIT default 420), racecheck ~150 s, python (build +
+# past a 330 s limit next to the tests; SANITIZE_LIMIT default 420; 2026-12-03, with the decode suite
+# added, past 340 s next to 6 test shards: give it its own call), racecheck ~150 s, python (build +
 # pytest) ~2 min, bench ~1 min per model for bf16 and 0.3-1.5 min per fp8
 # run (one per model and scheme, the auto kernel only; DeepSeek-V3 the longest: its cuBLAS baseline
 # plans 256 experts): split them, e.g. STEPS="tests check", then STEPS="sanitize python", then
