@@ -2,6 +2,7 @@
 // residual correction equals the code of the IEEE quotient, on random (amax, v) pairs over 2^-140 ..
 // 2^20 (all-ones and zero scale mantissas, values down to 40 binades below amax) and on the edges
 // (+-0, +-amax, amax below kFp8AmaxFloor). The f32 quotient itself matches wherever |v| >= 2^-100.
+// fp8_quotient_finite (its host form) gives the same codes and never an f32 subnormal.
 // Run: ./build/tests/moekit_tests --gtest_filter='Fp8Quotient*'
 #include <gtest/gtest.h>
 
@@ -30,7 +31,11 @@ struct Mismatch {
 void check_pair(float v, float amax, Mismatch& m) {
   const float s = e4m3fn_scale_of(amax);
   const float q = fp8_quotient(v, s, 1.0f / s), e = v / s;
+  const float qf = fp8_quotient_finite(v, s, 1.0f / s);
   if (f32_to_e4m3fn_bits(q) != f32_to_e4m3fn_bits(e)) ++m.codes;
+  // fp8_quotient_finite: the same code, and a quotient the hardware convert takes (normal or zero).
+  if (f32_to_e4m3fn_bits(qf) != f32_to_e4m3fn_bits(e)) ++m.codes;
+  if (qf != 0.0f && std::fabs(qf) < 0x1p-126f) ++m.codes;
   if (std::fabs(v) >= 0x1p-100f && bits_of(q) != bits_of(e)) ++m.quotients;
 }
 
@@ -62,6 +67,7 @@ TEST(Fp8Quotient, Edges) {
   EXPECT_EQ(m.quotients, 0);
   const float s = 1.0f / kFp8E4m3fnMax;
   EXPECT_EQ(f32_to_e4m3fn_bits(fp8_quotient(-0.0f, s, 1.0f / s)), 0x80);  // -0 keeps its sign
+  EXPECT_EQ(f32_to_e4m3fn_bits(fp8_quotient_finite(-0.0f, s, 1.0f / s)), 0x80);
 }
 
 }  // namespace

@@ -32,4 +32,24 @@ MOEKIT_HD float fp8_quotient(float v, float s, float ri) {
 #endif
 }
 
+// fp8_quotient for finite v with |v| <= amax (s = e4m3fn_scale_of(amax), ri = RN(1 / s)), with an
+// f32 subnormal quotient flushed to zero and the sign taken from v: always normal or +-0 and at most
+// ~448, so the hardware e4m3 convert (cvt_e4m3x2) encodes it as f32_to_e4m3fn_bits encodes the IEEE
+// quotient, without fp8_fast_ok's checks. Flushing drops a residual only where |v| < 2^-79, and then
+// v / s < 2^-30 encodes to +-0 either way (docs/experiments.md E118).
+MOEKIT_HD float fp8_quotient_finite(float v, float s, float ri) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(v, ri);
+  const float r = __fmaf_rn(-q0, s, v);
+  float q;
+  asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(q) : "f"(r), "f"(ri), "f"(q0));
+  return copysignf(q, v);
+#else
+  const float q0 = v * ri;
+  const float r = std::fma(-q0, s, v);
+  const float q = std::fma(r, ri, q0);
+  return std::copysign(std::fabs(q) < 0x1p-126f ? 0.0f : q, v);
+#endif
+}
+
 }  // namespace moekit

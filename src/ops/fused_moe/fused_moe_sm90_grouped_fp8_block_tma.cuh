@@ -142,33 +142,41 @@ __device__ __forceinline__ void blk_run(const typename Fp8Ring<kBM, kN>::Smem& s
 }
 
 // In place over the chunks j < kJ of a consumer thread's row h (accumulator columns 2 h, 2 h + 1):
-// a = act(w g) * (w u) (G1U1: u in chunk j + 8) or act(w g); returns the maximum of amax and the
-// row's |a| there.
-template <bool G1U1, Activation A, int kJ>
+// a = act(w g) * (w u) (G1U1: u in chunk j + 8) or act(w g), the products by w only when weighted
+// (w = 1 is exact: two FMULs a value saved, E118); returns the maximum of amax and the row's |a|.
+template <bool G1U1, Activation A, int kJ, bool kWeighted>
 __device__ __forceinline__ float blk_act_amax(float (&acc)[16][4], int h, float w, float amax) {
 #pragma unroll
   for (int j = 0; j < kJ; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       float& v = acc[j][2 * h + c];
+      const float g = kWeighted ? v * w : v;
       if constexpr (G1U1) {
-        v = act<A>(v * w) * (acc[j + 8][2 * h + c] * w);
+        const float u = acc[j + 8][2 * h + c];
+        v = act<A>(g) * (kWeighted ? u * w : u);
       } else {
-        v = act<A>(v * w);
+        v = act<A>(g);
       }
       amax = fmaxf(amax, fabsf(v));
     }
   return amax;
 }
+template <bool G1U1, Activation A, int kJ>
+__device__ __forceinline__ float blk_act_amax(float (&acc)[16][4], int h, bool weighted, float w, float amax) {
+  return weighted ? blk_act_amax<G1U1, A, kJ, true>(acc, h, w, amax) : blk_act_amax<G1U1, A, kJ, false>(acc, h, w, amax);
+}
 
-// The e4m3fn codes of row h's chunks j < kJ divided by s (ri = RN(1 / s), fp8_quotient): two bytes
-// per chunk at qrow + 8 j.
+// The e4m3fn codes of row h's chunks j < kJ divided by s (ri = RN(1 / s)): two bytes per chunk at
+// qrow + 8 j, by fp8_quotient_finite and the hardware convert. A row with an inf or NaN a gets other
+// codes than the reference's (NaN where it has 0, another NaN sign) and the same all-NaN out row;
+// the checked encode2_e4m3fn cost ~20% of the epilogue's instructions (E118).
 template <int kJ>
 __device__ __forceinline__ void blk_store_codes(uint8_t* qrow, const float (&acc)[16][4], int h, float s, float ri) {
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    *reinterpret_cast<uint16_t*>(qrow + 8 * j) =
-        encode2_e4m3fn(fp8_quotient(acc[j][2 * h], s, ri), fp8_quotient(acc[j][2 * h + 1], s, ri));
+    *reinterpret_cast<uint16_t*>(qrow + 8 * j) = uint16_t(
+        cvt_e4m3x2(fp8_quotient_finite(acc[j][2 * h], s, ri), fp8_quotient_finite(acc[j][2 * h + 1], s, ri)));
   }
 }
 
@@ -188,18 +196,19 @@ __device__ __forceinline__ void blk_quant_a_epilogue(const BlkArgs& p, int m, in
   constexpr int kGroups = G1U1 ? 1 : 2;       // 128-groups of the tile
   const int e = p.tile_expert[m], row0 = p.tile_row0[m];
   const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3), G = p.I / kBlk;
+  const bool weighted = p.weight_on_input;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int rl = r0 + 8 * h, row = row0 + rl;
     const bool real = rl < nrows;
-    const float w = p.weight_on_input && real ? p.weights[p.row_entry[row]] : 1.0f;
+    const float w = weighted && real ? p.weights[p.row_entry[row]] : 1.0f;
     float amax[kGroups];  // g1u1: one group over both halves; g1u0: a group per half
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) amax[gi] = 0.0f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float& m = amax[G1U1 ? 0 : half];
-      m = blk_act_amax<G1U1, A, kJ>(acc[half], h, w, m);
+      m = blk_act_amax<G1U1, A, kJ>(acc[half], h, weighted, w, m);
     }
     float sc[kGroups], rinv[kGroups];
 #pragma unroll
@@ -243,7 +252,7 @@ __device__ __forceinline__ void blk_quant_a_epilogue_64(const BlkArgs& p, int m,
   for (int h = 0; h < 2; ++h) {
     const int rl = r0 + 8 * h;
     const float w = p.weight_on_input && rl < nrows ? p.weights[p.row_entry[row0 + rl]] : 1.0f;
-    amax[h] = blk_act_amax<G1U1, A, kJ>(acc, h, w, 0.0f);
+    amax[h] = blk_act_amax<G1U1, A, kJ>(acc, h, p.weight_on_input, w, 0.0f);
     amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
     amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
   }
