@@ -1,4 +1,5 @@
-// Register reallocation between the warpgroups of a warp-specialised sm_90a kernel (setmaxnreg).
+// Register reallocation between the warpgroups of a warp-specialised sm_90a kernel (setmaxnreg),
+// and the warpgroup index.
 // CUDA-only header: include only from .cu / .cuh files.
 #pragma once
 
@@ -15,5 +16,10 @@ template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
+
+// The calling thread's warpgroup index, broadcast from lane 0 so ptxas knows it warp-uniform and
+// keeps the descriptor math that depends on it in uniform registers (as CUTLASS's
+// canonical_warp_group_idx); from threadIdx.x >> 7 it moved the A descriptors over every slice.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x >> 7), 0); }
 
 }  // namespace moekit::cuda::sm90

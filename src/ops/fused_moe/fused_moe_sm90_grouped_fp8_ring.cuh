@@ -263,7 +263,7 @@ __device__ __forceinline__ void fp8_ring_run(const typename Fp8Ring<kBM, kN>::Sm
     return;
   }
   setmaxnreg_inc<kFp8RingConsumerRegs>();
-  const int wg = warp >> 2;
+  const int wg = warpgroup_index();
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const SplitTile w = split_tile(t, num_m, n_tiles, splits, KT);
     tile(w, wg, ring);

@@ -58,6 +58,7 @@ using sm90::setmaxnreg_dec;
 using sm90::setmaxnreg_inc;
 using sm90::tma_load_2d;
 using sm90::tma_prefetch_desc;
+using sm90::warpgroup_index;
 using sm90::ws_extra_smem_of;
 using sm90::ws_init_barriers;
 using sm90::ws_smem_bytes;
@@ -345,6 +346,7 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
     return;
   }
   if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
+  const int wg = warpgroup_index();
   while (true) {
     mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
     // Read by the lane that later releases the stage (its arrive orders the read before the
@@ -356,14 +358,14 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
     const WsItem it = ws_item(int(f & ~kWsTailBit), num_m, n_tiles, splits, KT);
     AccW acc;
     if constexpr (kTail == WsTail::none) {
-      ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+      ws_consume_tile<TT, Shape::kPairs>(sm, ring, wg, it.kt1 - it.kt0, acc);
       epi(it, acc);
     } else {
       const bool tail = (f & kWsTailBit) != 0;
       if (tail) {
-        ws_consume_tail<kTail>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+        ws_consume_tail<kTail>(sm, ring, wg, it.kt1 - it.kt0, acc);
       } else {
-        ws_consume_tile<TT, Shape::kPairs>(sm, ring, warp >> 2, it.kt1 - it.kt0, acc);
+        ws_consume_tile<TT, Shape::kPairs>(sm, ring, wg, it.kt1 - it.kt0, acc);
       }
       epi(it, acc, tail);
     }
