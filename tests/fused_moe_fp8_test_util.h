@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,50 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const std::string& row
   EXPECT_TRUE(judge_moe(actual, expected, prob.shape.T, prob.shape.H,
                         moe_tolerance(v, prob.x_dtype, compare), &m, &detail))
       << detail << " | worst " << m.worst;
+}
+
+// Tokens 1 and 2 of prob (T >= 3) get an inf and a NaN in x; against the reference, the kernel `label`
+// must give their output rows all NaN, as the reference does (the NaN code reaches every column of
+// gemm1), and every other row finite and within 2% of the largest reference value: quantizers that
+// encode such a row differently (fp8_quotient_finite) still give the same rows.
+inline void expect_fp8_cuda_nonfinite_rows(MoeProblem& prob, const std::string& label) {
+  const int64_t H = prob.shape.H;
+  prob.x.set(1 * H + 5, std::numeric_limits<float>::infinity());
+  prob.x.set(2 * H + H - 1, std::numeric_limits<float>::quiet_NaN());
+  FusedMoeParams p = prob.params();
+  RunOptions ro;
+  ro.kernel = p.scale_block_n > 0 ? "fused_moe_ref_fp8_block" : "fused_moe_ref_fp8_row";
+  ASSERT_TRUE(fused_moe(p, ro).ok());
+  const std::vector<double> expected = read_out(p.out);
+  prob.out.fill_bytes(0xFF);
+  {
+    DeviceMirror dev(Backend::cuda);
+    ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
+    std::string kernel, config;
+    RunOptions opts = label_options(label, &kernel, &config);
+    size_t ws = 0;
+    ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
+    ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
+    opts.workspace_bytes = ws;
+    const Status st = fused_moe(p, opts);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(dev.copy_back().ok());
+  }
+  const std::vector<double> actual = read_out(prob.params().out);
+  double scale = 0.0;
+  for (int64_t i = 3 * H; i < int64_t(expected.size()); ++i) scale = std::max(scale, std::fabs(expected[size_t(i)]));
+  for (int64_t t = 0; t < prob.shape.T; ++t) {
+    for (int64_t c = 0; c < H; ++c) {
+      const size_t i = size_t(t * H + c);
+      if (t == 1 || t == 2) {
+        ASSERT_TRUE(std::isnan(expected[i]) && std::isnan(actual[i]))
+            << "token " << t << " col " << c << ": ref " << expected[i] << ", kernel " << actual[i];
+      } else {
+        ASSERT_TRUE(std::isfinite(actual[i]) && std::fabs(actual[i] - expected[i]) <= 0.02 * scale)
+            << "token " << t << " col " << c << ": ref " << expected[i] << ", kernel " << actual[i];
+      }
+    }
+  }
 }
 
 // x and out of prob as f16 (x's values converted, out fresh): the fp8 kernels' f16 activation path

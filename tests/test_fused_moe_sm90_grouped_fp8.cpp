@@ -189,6 +189,16 @@ TEST(FusedMoeSm90GroupedFp8, ZeroRowsAndLargeValues) {
   expect_zero_rows_and_large_values(kRow128);
 }
 
+// An inf and a NaN in x (160 rows: the per-token quantizer): all-NaN output rows as the reference's.
+TEST(FusedMoeSm90GroupedFp8, NonFiniteActivations) {
+  SKIP_WITHOUT_KERNEL();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem prob = make(small_shape(sc, 80, 5, 2, 256, 256));
+    moe_test::expect_fp8_cuda_nonfinite_rows(prob, kRow);
+  }
+}
+
 TEST(FusedMoeSm90GroupedFp8, RefusesBlockScalesUnquantizedAndOddSizes) {
   if (registry().find(kAutoRow) == nullptr) GTEST_SKIP() << "not compiled in";
   moe_test::expect_refuses(kRow, small_shape(Scheme::fp8_block, 3, 4, 2, 128, 128));

@@ -114,11 +114,34 @@ TEST(FusedMoeSm90GroupedFp8Block, G1U0GeluAndExpertMap) {
   expect_matches_ref(prob);
 }
 
+// T k = 120 and 160 rows: x quantized per row (kQuantFewRows and below) and once per token.
 TEST(FusedMoeSm90GroupedFp8Block, ZeroRowsAndLargeValues) {
   SKIP_WITHOUT_KERNEL();
-  MoeProblem prob = make(small_shape(Scheme::fp8_block, 60, 5, 2, 256, 128));
-  moe_test::set_zero_and_large_rows(&prob);
-  expect_matches_ref(prob);
+  for (int64_t T : {60, 80}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    MoeProblem prob = make(small_shape(Scheme::fp8_block, T, 5, 2, 256, 128));
+    moe_test::set_zero_and_large_rows(&prob);
+    expect_matches_ref(prob);
+  }
+}
+
+// T k = 8000 entries: the routing's staged row lists (route_smem_bytes) above the 48 KiB of shared
+// memory a launch gets without opting in.
+TEST(FusedMoeSm90GroupedFp8Block, ManyEntriesRouting) {
+  SKIP_WITHOUT_KERNEL();
+  static_assert(8000 * 4 + 18 * 1024 > 48 * 1024, "above the default shared memory of a launch");
+  MoeProblem prob = make(small_shape(Scheme::fp8_block, 4000, 4, 2, 128, 128));
+  moe_test::expect_fp8_cuda_matches_ref(prob, kBlock, kBlock);
+}
+
+// An inf and a NaN in x (160 rows: the per-token quantizer): all-NaN output rows as the reference's.
+TEST(FusedMoeSm90GroupedFp8Block, NonFiniteActivations) {
+  SKIP_WITHOUT_KERNEL();
+  for (const char* k : {kBlock, kN256}) {
+    SCOPED_TRACE(k);
+    MoeProblem prob = make(small_shape(Scheme::fp8_block, 80, 5, 2, 256, 256));
+    moe_test::expect_fp8_cuda_nonfinite_rows(prob, k);
+  }
 }
 
 // f16 x and out (every other test uses bf16): each block kernel where its tiles apply (T = 8: 64-row

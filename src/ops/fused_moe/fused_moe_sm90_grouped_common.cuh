@@ -100,18 +100,45 @@ struct RouteArgs {
   int n_zero;
 };
 
-__device__ __forceinline__ int lookup_local(const RouteArgs& a, int id) {
-  if (id < 0 || id >= a.Eg) return -1;  // -1 (unused slot) or a bad id: skipped, never indexed
-  const int e = a.local[id];
+// The local expert of global id `id` (-1: an unused slot, a bad id or a remote expert; never
+// indexed), from the block's shared copy of the table (s_local) where Eg fits it.
+constexpr int kRouteSmemTable = kMaxE;  // global experts whose table the routing keeps in shared memory
+__device__ __forceinline__ int lookup_local(const RouteArgs& a, const int* s_local, int id) {
+  if (id < 0 || id >= a.Eg) return -1;
+  const int e = a.Eg <= kRouteSmemTable ? s_local[id] : a.local[id];
   return (e >= 0 && e < a.E) ? e : -1;
 }
 
+// The local experts of entries b + u * kRouteThreads + threadIdx.x (u < kRouteUnroll; -1 past tk),
+// all ids loaded before any is looked up: one memory round trip per batch, not one per entry.
+// NOTE: one entry at a time, the two passes over T * k = 32768 ids were a chain of dependent
+// loads: 53 us of Qwen3-30B T=4096 under ncu (docs/experiments.md E123).
+constexpr int kRouteUnroll = 8;
+__device__ __forceinline__ void route_batch(const RouteArgs& a, const int* s_local, int b, int (&e)[kRouteUnroll]) {
+  int id[kRouteUnroll];
+#pragma unroll
+  for (int u = 0; u < kRouteUnroll; ++u) {
+    const int i = b + u * kRouteThreads + int(threadIdx.x);
+    id[u] = i < a.tk ? __ldg(a.ids + i) : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kRouteUnroll; ++u) e[u] = lookup_local(a, s_local, id[u]);
+}
+
+// Up to this many entries the rows' entries are gathered in shared memory (dynamic, 4 bytes an
+// entry) and written out in order: one SM issues one request per scattered 4-byte store, and those
+// stores bounded the routing of T k = 32768 entries (E123).
+constexpr int kRouteStagedEntries = 48 * 1024;
+inline int route_smem_bytes(int64_t tk) { return tk <= kRouteStagedEntries ? int(tk) * 4 : 0; }
+
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   wait_for_predecessor();
+  extern __shared__ int s_row_entry[];  // [tk] where route_smem_bytes(tk) > 0
+  const bool staged = a.tk <= kRouteStagedEntries;
   __shared__ int s_cnt[kMaxE];
-  __shared__ int s_cursor[kMaxE];
   __shared__ int s_off[kMaxE + 1];
   __shared__ int s_toff[kMaxE + 1];
+  __shared__ int s_local[kRouteSmemTable];
   const int tid = threadIdx.x;
   for (int i = tid; i < a.n_zero; i += kRouteThreads) a.zero[i] = 0;
 
@@ -124,28 +151,34 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
     for (int g = beg; g < end; ++g) ones += a.mask[g] != 0;
     int next = block_exclusive_sum_1024(ones);
     for (int g = beg; g < end; ++g) {
+      int l = -1;
       if (a.mask[g] != 0) {
-        a.local[g] = next < a.E ? next : -1;
+        l = next < a.E ? next : -1;
         ++next;
-      } else {
-        a.local[g] = -1;
       }
+      a.local[g] = l;
+      if (g < kRouteSmemTable) s_local[g] = l;
     }
   } else {
     for (int g = tid; g < a.Eg; g += kRouteThreads) {
       const int v = a.map != nullptr ? a.map[g] : g;
-      a.local[g] = (v >= 0 && v < a.E) ? v : -1;
+      const int l = (v >= 0 && v < a.E) ? v : -1;
+      a.local[g] = l;
+      if (g < kRouteSmemTable) s_local[g] = l;
     }
   }
-  for (int e = tid; e < kMaxE; e += kRouteThreads) {
-    s_cnt[e] = 0;
-    s_cursor[e] = 0;
-  }
+  for (int e = tid; e < kMaxE; e += kRouteThreads) s_cnt[e] = 0;
   __syncthreads();  // also publishes a.local (global writes) to the block
 
-  for (int i = tid; i < a.tk; i += kRouteThreads) {
-    const int e = lookup_local(a, a.ids[i]);
-    if (e >= 0) atomicAdd(&s_cnt[e], 1);
+  for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
+    int e[kRouteUnroll];
+    route_batch(a, s_local, b, e);
+#pragma unroll
+    for (int u = 0; u < kRouteUnroll; ++u) {
+      // The entry's place among its expert's rows, kept in slot_row until the offsets are known.
+      const int i = b + u * kRouteThreads + tid;
+      if (e[u] >= 0) a.slot_row[i] = atomicAdd(&s_cnt[e[u]], 1);
+    }
   }
   __syncthreads();
 
@@ -165,14 +198,31 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   for (int e = tid; e <= a.E; e += kRouteThreads) a.offsets[e] = s_off[e];
 
   // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
-  for (int i = tid; i < a.tk; i += kRouteThreads) {
-    const int e = lookup_local(a, a.ids[i]);
-    int row = -1;
-    if (e >= 0) {
-      row = s_off[e] + atomicAdd(&s_cursor[e], 1);
-      a.row_entry[row] = i;
+  for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
+    int e[kRouteUnroll];
+    route_batch(a, s_local, b, e);
+    int row[kRouteUnroll];
+#pragma unroll
+    for (int u = 0; u < kRouteUnroll; ++u) {  // this thread's own writes of the first pass
+      const int i = b + u * kRouteThreads + tid;
+      row[u] = e[u] >= 0 ? s_off[e[u]] + a.slot_row[i] : -1;
     }
-    a.slot_row[i] = row;
+#pragma unroll
+    for (int u = 0; u < kRouteUnroll; ++u) {
+      const int i = b + u * kRouteThreads + tid;
+      if (row[u] >= 0) {
+        if (staged) {
+          s_row_entry[row[u]] = i;
+        } else {
+          a.row_entry[row[u]] = i;
+        }
+      }
+      if (i < a.tk) a.slot_row[i] = row[u];
+    }
+  }
+  if (staged) {
+    __syncthreads();
+    for (int r = tid; r < s_off[a.E]; r += kRouteThreads) a.row_entry[r] = s_row_entry[r];
   }
   for (int e = tid; e < a.E; e += kRouteThreads) {
     for (int t = s_toff[e]; t < s_toff[e + 1]; ++t) {
@@ -314,7 +364,13 @@ inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
                r.local, r.offsets, r.row_entry, r.slot_row, r.tile_expert, r.tile_row0, r.num_tiles,
                int(tk), int(d.E), int(d.Eg), int(tiles_max), bm, r.zero, r.n_zero};
-  return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), 0, s, what, ra);
+  // Beside 18 KiB of static shared memory, above 48 KiB in all a launch needs the opt-in; always the
+  // largest, so that concurrent launches never lower it under one another.
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         route_smem_bytes(kRouteStagedEntries)),
+                                    what));
+  const int smem = route_smem_bytes(tk);
+  return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), size_t(smem), s, what, ra);
 }
 
 // SMs of the current device (the persistent kernels launch at most one CTA per SM): the cached

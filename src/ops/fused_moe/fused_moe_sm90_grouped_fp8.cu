@@ -619,9 +619,9 @@ Status run_fp8_typed(const FusedMoeParams& p, const Sm90Config& c, const RunCont
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8 route"));
 
   const float* fixed = p.a1_scale.present() ? p.a1_scale.ptr<const float>() : nullptr;
-  MOEKIT_RETURN_IF_ERROR(launch_quant_rows(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.row_entry), int(d.k),
-                                           at(l.offsets), int(d.E), int(d.H), fixed, xq, sx, l.tk, s,
-                                           "fused_moe_sm90_grouped_fp8 quant x"));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_x(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.slot_row),
+                                        at(l.row_entry), int(d.T), int(d.k), at(l.offsets), int(d.E), int(d.H), false,
+                                        fixed, xq, sx, l.tk, s, "fused_moe_sm90_grouped_fp8 quant x"));
 
   const bool w1_rows = p.w1_scale.ndim > 1, w2_rows = p.w2_scale.ndim > 1;
   Fp8GemmArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),

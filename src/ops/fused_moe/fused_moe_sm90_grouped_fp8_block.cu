@@ -3,8 +3,9 @@
 //
 // Launches on ctx.stream, no host synchronisation, no allocation (CUDA-graph capturable):
 //   1. route      the routing kernel of the grouped path (BM 128 tiles).
-//   2. quant x    one block per expert-ordered row: x[token] quantized per 1 x 128 group exactly as
-//                 the reference (s = max(amax, 1e-12) / 448 per group, codes e4m3fn(v / s)).
+//   2. quant x    x quantized per 1 x 128 group with the reference's codes (s = max(amax, 1e-12) /
+//                 448 per group, codes e4m3fn(v / s)): once per token, written to its k rows
+//                 (quant_tokens_kernel; at few rows one block per row, launch_quant_x).
 //   3. gemm1      persistent TMA + wgmma kernel (the stage ring and schedule of
 //                 fused_moe_sm90_grouped_tma.cuh) on 128 x 128 tiles: per 128-wide K slice (= one
 //                 scale block) each consumer warpgroup runs wgmma m64n128k32 into one of two
@@ -398,9 +399,10 @@ Status run_blk_typed(const FusedMoeParams& p, const Sm90Config& c, const RunCont
                                       {at(l.local), at(l.offsets), at(l.row_entry), at(l.slot_row), at(l.tile_expert),
                                        at(l.tile_row0), at(l.num_tiles)},
                                       l.tk, l.tiles_max, bm, s, "fused_moe_sm90_grouped_fp8_block route"));
-  MOEKIT_RETURN_IF_ERROR(launch_quant_groups(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.row_entry),
-                                             int(d.k), at(l.offsets), int(d.E), int(d.H), base + l.xq, fat(l.sx),
-                                             l.tk, s, "fused_moe_sm90_grouped_fp8_block quant x"));
+  MOEKIT_RETURN_IF_ERROR(launch_quant_x(static_cast<const TT*>(p.x.data), p.x.stride[0], at(l.slot_row),
+                                        at(l.row_entry), int(d.T), int(d.k), at(l.offsets), int(d.E), int(d.H), true,
+                                        nullptr, base + l.xq, fat(l.sx), l.tk, s,
+                                        "fused_moe_sm90_grouped_fp8_block quant x"));
 
   BlkArgs g1{at(l.offsets), at(l.tile_expert), at(l.tile_row0), at(l.num_tiles), at(l.row_entry),
              p.topk_weights.ptr<const float>(), fat(l.sx), p.w1_scale.ptr<const float>(), fat(l.a), int(d.H), int(d.I),

@@ -1,8 +1,9 @@
 // The activation quantizers of the grouped fp8 paths (fused_moe_sm90_grouped_fp8 and
-// fused_moe_sm90_grouped_fp8_block): x before the gate/up GEMM, a between the two GEMMs. One block
-// per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k] when row_entry is given,
-// else src row r) -> n e4m3fn codes q[r] and its scales, exactly as the reference quantizes
-// (fused_moe_ref_fp8.cpp): s = max(amax, kFp8AmaxFloor) / 448, code = e4m3fn(v / s) (bit-identical to
+// fused_moe_sm90_grouped_fp8_block): x before the gate/up GEMM, a between the two GEMMs. x at many
+// rows: one block per token, its codes written to each of its rows (quant_tokens_kernel, below).
+// Otherwise one block per expert-ordered row r < offsets[E]: the source row (x[row_entry[r] / k]
+// when row_entry is given, else src row r) -> n e4m3fn codes q[r] and its scales, as the reference
+// quantizes (fused_moe_ref_fp8.cpp): s = max(amax, kFp8AmaxFloor) / 448, code = e4m3fn(v / s) (bit-identical to
 // f32_to_e4m3fn_bits, cuda/fp8_encode.cuh).
 // Two launch shapes (launch_quant_rows / launch_quant_groups):
 // - up to kQuantFewRows rows (a row's latency is the time) that the other shape would not cover in
@@ -161,6 +162,96 @@ __global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
   }
 }
 
+// x quantized once per token and written to each of its k expert-ordered rows (the shape of
+// launch_quant_tokens): block t quantizes x[t] and stores the codes and scales at every row
+// slot_row[t k + j] >= 0. kGroups: a scale per 128-value group (warp w takes groups w, w + 8, ..., a
+// lane 4 values), else one per row (fixed: a static scale) over two passes of the row. Dynamic
+// scales divide by fp8_quotient_finite and the hardware convert (the codes of the IEEE quotient for
+// finite x; a row holding an inf gets NaN codes where the reference has some zeros, and the same
+// all-NaN output row); a static scale keeps the checked encoder, whose codes above 448 are NaN.
+// NOTE: one block per row quantized each token k times with __fdiv_rn and the checked encoder:
+// 112 us of Qwen3-30B T=4096 under ncu, issue-bound (docs/experiments.md E123).
+__device__ __forceinline__ uint32_t quant_codes4(const float (&f)[4], float s, float ri) {
+  return cvt_e4m3x2(fp8_quotient_finite(f[0], s, ri), fp8_quotient_finite(f[1], s, ri)) |
+         (cvt_e4m3x2(fp8_quotient_finite(f[2], s, ri), fp8_quotient_finite(f[3], s, ri)) << 16);
+}
+constexpr int kQuantTokenThreads = 256;
+template <class S, bool kGroups>
+__global__ void __launch_bounds__(kQuantTokenThreads)
+    quant_tokens_kernel(const S* x, int64_t ld, const int32_t* slot_row, int k, int n, const float* fixed,
+                        uint8_t* q, float* scale) {
+  wait_for_predecessor();
+  const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const S* v = x + int64_t(t) * ld;
+  const int32_t* rows = slot_row + int64_t(t) * k;
+  // The token's rows (-1: not computed here), read once (k <= kMaxE: launch_quant_x).
+  __shared__ int s_rows[kMaxE];
+  for (int j = tid; j < k; j += kQuantTokenThreads) s_rows[j] = rows[j];
+  __syncthreads();
+  if constexpr (kGroups) {
+    const int G = n / kQuantGroup;
+    for (int g = warp; g < G; g += kQuantTokenThreads / 32) {
+      float f[4];
+      load_f32<4>(v + g * kQuantGroup + lane * 4, f);
+      float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float s = e4m3fn_scale_of(amax);
+      const uint32_t c = quant_codes4(f, s, __frcp_rn(s));
+      uint8_t* qg = q + g * kQuantGroup + lane * 4;
+      for (int j = 0; j < k; ++j) {
+        const int r = s_rows[j];
+        if (r < 0) continue;
+        *reinterpret_cast<uint32_t*>(qg + int64_t(r) * n) = c;
+        if (lane == 0) scale[int64_t(r) * G + g] = s;
+      }
+    }
+  } else {
+    float s;
+    if (fixed != nullptr) {
+      s = *fixed;
+    } else {
+      float amax = 0.0f;
+      for (int c = tid * 8; c < n; c += kQuantTokenThreads * 8) {
+        float g[8];
+        load_f32<8>(v + c, g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
+      }
+      __shared__ float red[kQuantTokenThreads / 32];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (lane == 0) red[warp] = amax;
+      __syncthreads();
+      amax = red[0];
+#pragma unroll
+      for (int w = 1; w < kQuantTokenThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+      s = e4m3fn_scale_of(amax);
+    }
+    const float ri = __frcp_rn(s);
+    for (int c = tid * 8; c < n; c += kQuantTokenThreads * 8) {
+      float g[8];
+      load_f32<8>(v + c, g);
+      uint2 w;
+      if (fixed != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[i] = __fdiv_rn(g[i], s);
+        w = make_uint2(encode4_e4m3fn(g), encode4_e4m3fn(g + 4));
+      } else {
+        const float lo[4] = {g[0], g[1], g[2], g[3]}, hi[4] = {g[4], g[5], g[6], g[7]};
+        w = make_uint2(quant_codes4(lo, s, ri), quant_codes4(hi, s, ri));
+      }
+      for (int j = 0; j < k; ++j) {
+        const int r = s_rows[j];
+        if (r >= 0) *reinterpret_cast<uint2*>(q + int64_t(r) * n + c) = w;
+      }
+    }
+    for (int j = tid; j < k; j += kQuantTokenThreads) {
+      if (s_rows[j] >= 0) scale[s_rows[j]] = s;
+    }
+  }
+}
+
 // Launchers: one block per possible row (rows = T * k; the blocks past offsets[E] return), PDL; the
 // launch shape at the top.
 inline unsigned quant_warps_threads(int64_t t) {
@@ -186,6 +277,25 @@ Status launch_quant_groups(const S* src, int64_t ld, const int32_t* row_entry, i
   }
   return launch_pdl(quant_groups_kernel<S, 1>, dim3(unsigned(rows)), dim3(kQuantManyThreads), 0, s, what, src, ld,
                     row_entry, k, offsets, E, n, q, scale);
+}
+
+// x [T, ld] -> the codes and scales (per 128-group where `groups`, else per row) of the expert-ordered
+// rows: the per-token kernel where the rows are many, else the per-row launch shapes (their latency
+// shape at few rows, E45).
+template <class S>
+Status launch_quant_x(const S* x, int64_t ld, const int32_t* slot_row, const int32_t* row_entry, int T, int k,
+                      const int32_t* offsets, int E, int n, bool groups, const float* fixed, uint8_t* q, float* scale,
+                      int64_t rows, cudaStream_t s, const char* what) {
+  if (rows > kQuantFewRows && k <= kMaxE) {
+    if (groups) {
+      return launch_pdl(quant_tokens_kernel<S, true>, dim3(unsigned(T)), dim3(kQuantTokenThreads), 0, s, what, x, ld,
+                        slot_row, k, n, fixed, q, scale);
+    }
+    return launch_pdl(quant_tokens_kernel<S, false>, dim3(unsigned(T)), dim3(kQuantTokenThreads), 0, s, what, x, ld,
+                      slot_row, k, n, fixed, q, scale);
+  }
+  if (groups) return launch_quant_groups(x, ld, row_entry, k, offsets, E, n, q, scale, rows, s, what);
+  return launch_quant_rows(x, ld, row_entry, k, offsets, E, n, fixed, q, scale, rows, s, what);
 }
 
 }  // namespace
