@@ -59,6 +59,22 @@ inline std::string cuda_kernel_unavailable(const std::string& label) {
     if (!moe_skip_why.empty()) GTEST_SKIP() << moe_skip_why;                                        \
   } while (0)
 
+// Runs p (host tensors) on the CUDA device through the kernel (and config) of `label`: inputs mirrored
+// to the device, a workspace of the queried size, the output copied back into p's host tensor.
+inline void run_cuda_label(FusedMoeParams& p, const std::string& label) {
+  DeviceMirror dev(Backend::cuda);
+  ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
+  std::string kernel, config;
+  RunOptions opts = label_options(label, &kernel, &config);
+  size_t ws = 0;
+  ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
+  ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
+  opts.workspace_bytes = ws;
+  const Status st = fused_moe(p, opts);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE(dev.copy_back().ok());
+}
+
 // The CUDA kernel (row_kernel, or tkw1_kernel when the router weight is on the input of a per-row /
 // per-tensor problem; block-scaled problems always run row_kernel) on device copies of prob's
 // tensors against the fp8 ref kernel of the problem's variant on the host; outputs must be finite.
@@ -74,19 +90,8 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const std::string& row
   ASSERT_TRUE(rs.ok()) << rs.to_string();
   const std::vector<double> expected = read_out(p.out);
   prob.out.fill_bytes(0xFF);
-  {
-    DeviceMirror dev(Backend::cuda);
-    ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
-    std::string kernel, config;
-    RunOptions opts = label_options(tkw1 && !block ? tkw1_kernel : row_kernel, &kernel, &config);
-    size_t ws = 0;
-    ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
-    ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
-    opts.workspace_bytes = ws;
-    const Status st = fused_moe(p, opts);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    ASSERT_TRUE(dev.copy_back().ok());
-  }
+  run_cuda_label(p, tkw1 && !block ? tkw1_kernel : row_kernel);
+  if (::testing::Test::HasFatalFailure()) return;
   const std::vector<double> actual = read_out(prob.params().out);
   for (double v : actual) ASSERT_TRUE(std::isfinite(v));
   Metrics m;
@@ -111,19 +116,8 @@ inline void expect_fp8_cuda_nonfinite_rows(MoeProblem& prob, const std::string& 
   ASSERT_TRUE(fused_moe(p, ro).ok());
   const std::vector<double> expected = read_out(p.out);
   prob.out.fill_bytes(0xFF);
-  {
-    DeviceMirror dev(Backend::cuda);
-    ASSERT_TRUE(mirror_fused_moe(dev, &p).ok());
-    std::string kernel, config;
-    RunOptions opts = label_options(label, &kernel, &config);
-    size_t ws = 0;
-    ASSERT_TRUE(fused_moe_workspace_size(p, opts, &ws).ok());
-    ASSERT_TRUE(dev.scratch(ws, &opts.workspace).ok());
-    opts.workspace_bytes = ws;
-    const Status st = fused_moe(p, opts);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    ASSERT_TRUE(dev.copy_back().ok());
-  }
+  run_cuda_label(p, label);
+  if (::testing::Test::HasFatalFailure()) return;
   const std::vector<double> actual = read_out(prob.params().out);
   double scale = 0.0;
   for (int64_t i = 3 * H; i < int64_t(expected.size()); ++i) scale = std::max(scale, std::fabs(expected[size_t(i)]));

@@ -43,6 +43,29 @@ __device__ __forceinline__ const S* quant_src_row(const S* src, int64_t ld, cons
   return src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
 }
 
+// max |v| over v[tid * 8 + 8 j ..] < n of a block of nt threads, then over the block (red: nt / 32
+// floats of shared memory; every thread gets the maximum).
+template <class S>
+__device__ __forceinline__ float row_amax_strided(const S* v, int n, int tid, int nt) {
+  float amax = 0.0f;
+  for (int c = tid * 8; c < n; c += nt * 8) {
+    float g[8];
+    load_f32<8>(v + c, g);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
+  }
+  return amax;
+}
+__device__ __forceinline__ float block_amax(float amax, float* red, int nt) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = red[0];
+  for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
+  return amax;
+}
+
 // Per row: one scale s[r] (or *fixed, a static scale). n % 8 == 0, rows 16-byte aligned. kC: chunks
 // a thread holds (0: none, two passes over the row, kQuantManyThreads threads).
 // amax_given: scale[r] holds the row's amax on entry (max |v|, NaN ignored as fmaxf does; written
@@ -88,21 +111,10 @@ __global__ void __launch_bounds__(kC > 0 ? kQuantMaxThreads : kQuantManyThreads)
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[ch][i]));
       }
     } else {
-      for (int c = tid * 8; c < n; c += nt * 8) {
-        float g[8];
-        load_f32<8>(v + c, g);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
-      }
+      amax = row_amax_strided(v, n, tid, nt);
     }
     __shared__ float red[kQuantMaxThreads / 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((tid & 31) == 0) red[tid >> 5] = amax;
-    __syncthreads();
-    amax = red[0];
-    for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
-    s = e4m3fn_scale_of(amax);
+    s = e4m3fn_scale_of(block_amax(amax, red, nt));
   }
   uint8_t* qr = q + int64_t(r) * n;
   auto put = [&](int c, float (&g)[8]) {
@@ -211,22 +223,8 @@ __global__ void __launch_bounds__(kQuantTokenThreads)
     if (fixed != nullptr) {
       s = *fixed;
     } else {
-      float amax = 0.0f;
-      for (int c = tid * 8; c < n; c += kQuantTokenThreads * 8) {
-        float g[8];
-        load_f32<8>(v + c, g);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
-      }
       __shared__ float red[kQuantTokenThreads / 32];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) red[warp] = amax;
-      __syncthreads();
-      amax = red[0];
-#pragma unroll
-      for (int w = 1; w < kQuantTokenThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-      s = e4m3fn_scale_of(amax);
+      s = e4m3fn_scale_of(block_amax(row_amax_strided(v, n, tid, kQuantTokenThreads), red, kQuantTokenThreads));
     }
     const float ri = __frcp_rn(s);
     for (int c = tid * 8; c < n; c += kQuantTokenThreads * 8) {
