@@ -17,6 +17,8 @@ sides=(A B C D E F)
 mkdir -p "$OUT"
 J=$(mktemp -d /tmp/moekit_gpu_ab.XXXXXX)  # the runs' JSON and stderr
 trap 'tar -C "$J" -czf "$OUT/${NAME}_runs.tgz" .' EXIT
+# scripts/gpu_bundle.sh packs every staged build into one archive: unpack it first.
+[ -f .gpu/bundle/bundle.tar.xz ] && tar -C .gpu -xJf .gpu/bundle/bundle.tar.xz
 for d in "${dirs[@]}"; do
   for f in "$d"/*.xz; do [ -e "$f" ] && unxz -f -T0 "$f"; done
   [ -x "$d/moekit" ] || { echo "gpu_ab.sh: no $d/moekit (stage it with scripts/gpu_build.sh)"; exit 2; }

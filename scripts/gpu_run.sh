@@ -32,6 +32,8 @@ mkdir -p "$OUT"
 L=$(mktemp -d /tmp/moekit_gpu_run.XXXXXX)
 trap 'cp "$L/summary.txt" "$OUT/" 2>/dev/null; tar -C "$L" -czf "$OUT/gpu_run_logs.tgz" .' EXIT
 B=${GPU_DIR:-.gpu}  # scripts/gpu_build.sh GPU_DIR, e.g. .gpu/b for the other side of an A/B
+# scripts/gpu_bundle.sh packs every staged build into one archive: unpack it first.
+[ -f .gpu/bundle/bundle.tar.xz ] && tar -C .gpu -xJf .gpu/bundle/bundle.tar.xz
 for f in $B/*.xz; do [ -e "$f" ] && unxz -f -T0 "$f"; done  # scripts/gpu_build.sh compresses them
 export MOEKIT_TEST_DATA_DIR=$PWD/tests/data MOEKIT_MODELS_DIR=$PWD/models  # tests/test_data_dir.h
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
