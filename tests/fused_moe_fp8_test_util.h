@@ -59,6 +59,12 @@ inline std::string cuda_kernel_unavailable(const std::string& label) {
     if (!moe_skip_why.empty()) GTEST_SKIP() << moe_skip_why;                                        \
   } while (0)
 
+// The fp8 reference kernel of p's variant (block scales, router weight on the input, per row).
+inline const char* fp8_ref_kernel(const FusedMoeParams& p) {
+  if (p.scale_block_n > 0) return "fused_moe_ref_fp8_block";
+  return p.weight_on_input ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
+}
+
 // Runs p (host tensors) on the CUDA device through the kernel (and config) of `label`: inputs mirrored
 // to the device, a workspace of the queried size, the output copied back into p's host tensor.
 inline void run_cuda_label(FusedMoeParams& p, const std::string& label) {
@@ -84,7 +90,7 @@ inline void expect_fp8_cuda_matches_ref(MoeProblem& prob, const std::string& row
   FusedMoeParams p = prob.params();
   const bool tkw1 = p.weight_on_input, block = p.scale_block_n > 0;
   RunOptions ro;
-  ro.kernel = block ? "fused_moe_ref_fp8_block" : tkw1 ? "fused_moe_ref_fp8_row_tkw1" : "fused_moe_ref_fp8_row";
+  ro.kernel = fp8_ref_kernel(p);
   prob.out.fill_bytes(0xFF);
   const Status rs = fused_moe(p, ro);
   ASSERT_TRUE(rs.ok()) << rs.to_string();
@@ -112,7 +118,7 @@ inline void expect_fp8_cuda_nonfinite_rows(MoeProblem& prob, const std::string& 
   prob.x.set(2 * H + H - 1, std::numeric_limits<float>::quiet_NaN());
   FusedMoeParams p = prob.params();
   RunOptions ro;
-  ro.kernel = p.scale_block_n > 0 ? "fused_moe_ref_fp8_block" : "fused_moe_ref_fp8_row";
+  ro.kernel = fp8_ref_kernel(p);
   ASSERT_TRUE(fused_moe(p, ro).ok());
   const std::vector<double> expected = read_out(p.out);
   prob.out.fill_bytes(0xFF);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/fp8_quotient.h"
 #include "moekit/core/dtype.h"
 
 namespace moekit::cuda {
@@ -26,6 +27,22 @@ __device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// The e4m3fn codes of lo / s and hi / s (lo in the low byte) for finite values within the amax of
+// s = e4m3fn_scale_of(amax), ri = RN(1 / s): fp8_quotient_finite and the hardware convert, the IEEE
+// quotient's codes without the checked encoder (docs/experiments.md E118, E123).
+__device__ __forceinline__ uint32_t e4m3fn_quotient_codes2(float lo, float hi, float s, float ri) {
+  return cvt_e4m3x2(fp8_quotient_finite(lo, s, ri), fp8_quotient_finite(hi, s, ri));
+}
+
+// The e4m3fn scale of a 128-value group a warp holds 4 values a lane (max |v|, NaN ignored as fmaxf
+// does, over the warp; every lane gets it): e4m3fn_scale_of of the group's amax.
+__device__ __forceinline__ float warp_group_scale(const float (&f)[4]) {
+  float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  return e4m3fn_scale_of(amax);
 }
 
 // Four codes of quotients that pass fp8_fast_ok, byte k = code of q[k].

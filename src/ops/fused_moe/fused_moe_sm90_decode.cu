@@ -225,10 +225,7 @@ __device__ void quantize_x(const Args& a, int t) {
   for (int g = warp; g < G; g += kThreads / 32) {
     float f[4];
     load_f32<4>(row + g * kBlk + lane * 4, f);
-    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = e4m3fn_scale_of(amax);
+    const float sc = warp_group_scale(f);
 #pragma unroll
     for (int i = 0; i < 4; ++i) f[i] = __fdiv_rn(f[i], sc);
     *reinterpret_cast<uint32_t*>(a.xq + int64_t(t) * a.H + g * kBlk + lane * 4) = encode4_e4m3fn(f);

@@ -175,8 +175,7 @@ template <int kJ>
 __device__ __forceinline__ void blk_store_codes(uint8_t* qrow, const float (&acc)[16][4], int h, float s, float ri) {
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    *reinterpret_cast<uint16_t*>(qrow + 8 * j) = uint16_t(
-        cvt_e4m3x2(fp8_quotient_finite(acc[j][2 * h], s, ri), fp8_quotient_finite(acc[j][2 * h + 1], s, ri)));
+    *reinterpret_cast<uint16_t*>(qrow + 8 * j) = uint16_t(e4m3fn_quotient_codes2(acc[j][2 * h], acc[j][2 * h + 1], s, ri));
   }
 }
 

@@ -43,8 +43,7 @@ __device__ __forceinline__ const S* quant_src_row(const S* src, int64_t ld, cons
   return src + (row_entry != nullptr ? int64_t(row_entry[r] / k) : int64_t(r)) * ld;
 }
 
-// max |v| over v[tid * 8 + 8 j ..] < n of a block of nt threads, then over the block (red: nt / 32
-// floats of shared memory; every thread gets the maximum).
+// This thread's max |v| over the chunks v[tid * 8 + nt * 8 j ..] < n of a block of nt threads.
 template <class S>
 __device__ __forceinline__ float row_amax_strided(const S* v, int n, int tid, int nt) {
   float amax = 0.0f;
@@ -56,6 +55,8 @@ __device__ __forceinline__ float row_amax_strided(const S* v, int n, int tid, in
   }
   return amax;
 }
+// The maximum of amax over a block of nt threads (red: nt / 32 floats of shared memory); every
+// thread gets it.
 __device__ __forceinline__ float block_amax(float amax, float* red, int nt) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -162,10 +163,7 @@ __global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
     for (int ch = 0; ch < kG; ++ch) {
       const int g = g0 + ch * nw;
       if (g >= G) break;  // warp-uniform
-      float amax = fmaxf(fmaxf(fabsf(f[ch][0]), fabsf(f[ch][1])), fmaxf(fabsf(f[ch][2]), fabsf(f[ch][3])));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float s = e4m3fn_scale_of(amax);
+      const float s = warp_group_scale(f[ch]);
 #pragma unroll
       for (int i = 0; i < 4; ++i) f[ch][i] = __fdiv_rn(f[ch][i], s);
       *reinterpret_cast<uint32_t*>(q + int64_t(r) * n + g * kQuantGroup + lane * 4) = encode4_e4m3fn(f[ch]);
@@ -174,8 +172,8 @@ __global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
   }
 }
 
-// x quantized once per token and written to each of its k expert-ordered rows (the shape of
-// launch_quant_tokens): block t quantizes x[t] and stores the codes and scales at every row
+// x quantized once per token and written to each of its k expert-ordered rows (launch_quant_x's
+// shape at many rows): block t quantizes x[t] and stores the codes and scales at every row
 // slot_row[t k + j] >= 0. kGroups: a scale per 128-value group (warp w takes groups w, w + 8, ..., a
 // lane 4 values), else one per row (fixed: a static scale) over two passes of the row. Dynamic
 // scales divide by fp8_quotient_finite and the hardware convert (the codes of the IEEE quotient for
@@ -184,8 +182,7 @@ __global__ void __launch_bounds__(kG > 1 ? kQuantMaxThreads : kQuantManyThreads)
 // NOTE: one block per row quantized each token k times with __fdiv_rn and the checked encoder:
 // 112 us of Qwen3-30B T=4096 under ncu, issue-bound (docs/experiments.md E123).
 __device__ __forceinline__ uint32_t quant_codes4(const float (&f)[4], float s, float ri) {
-  return cvt_e4m3x2(fp8_quotient_finite(f[0], s, ri), fp8_quotient_finite(f[1], s, ri)) |
-         (cvt_e4m3x2(fp8_quotient_finite(f[2], s, ri), fp8_quotient_finite(f[3], s, ri)) << 16);
+  return e4m3fn_quotient_codes2(f[0], f[1], s, ri) | (e4m3fn_quotient_codes2(f[2], f[3], s, ri) << 16);
 }
 constexpr int kQuantTokenThreads = 256;
 template <class S, bool kGroups>
@@ -205,10 +202,7 @@ __global__ void __launch_bounds__(kQuantTokenThreads)
     for (int g = warp; g < G; g += kQuantTokenThreads / 32) {
       float f[4];
       load_f32<4>(v + g * kQuantGroup + lane * 4, f);
-      float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float s = e4m3fn_scale_of(amax);
+      const float s = warp_group_scale(f);
       const uint32_t c = quant_codes4(f, s, __frcp_rn(s));
       uint8_t* qg = q + g * kQuantGroup + lane * 4;
       for (int j = 0; j < k; ++j) {
