@@ -1,5 +1,6 @@
-// Device side of the sm_90 bulk tensor copy (TMA): tensor-map prefetch and the 2-D box load into
-// shared memory that completes on an mbarrier (mbarrier.cuh). Host-side encoding: cuda/tensor_map.h.
+// Device side of the sm_90 bulk tensor copy (TMA): tensor-map prefetch, the 2-D box load into
+// shared memory that completes on an mbarrier (mbarrier.cuh) and the 2-D box store from it.
+// Host-side encoding: cuda/tensor_map.h.
 // CUDA-only header: include only from .cu / .cuh files.
 #pragma once
 
@@ -22,6 +23,25 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+
+// Shared `src` -> box (c0 = first column, c1 = first row) of `map` (a bulk async store; the box's
+// rows and columns past the tensor's bounds are not written). Completes in this thread's bulk group
+// (tma_store_commit, tma_store_wait_read / tma_store_wait_all); src must be written before it and
+// ordered by fence_proxy_async_smem and a barrier.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most kPending of this thread's committed store groups still read their shared source.
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Until every committed store group of this thread has completed (its global writes done).
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // Orders this thread's generic-proxy writes before later async-proxy (TMA, wgmma) reads of them:
 // of shared memory (a B tile written by threads, then read by wgmma) or of global memory (a

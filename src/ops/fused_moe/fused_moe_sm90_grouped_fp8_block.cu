@@ -54,6 +54,7 @@
 #include "cuda/device_facts.h"
 #include "cuda/fp8_encode.cuh"
 #include "cuda/fp8_quotient.h"
+#include "cuda/sm90/tma_store_f32.cuh"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -355,8 +356,15 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   if constexpr (!kQuantA) {
     MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
   }
+  CUtensorMap my{};  // y for the 128 x 256 tiles' TMA stores
+  if constexpr (C::kHalves) {
+    MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                                                uint64_t(g2.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
+                                                "fused_moe_sm90_grouped_fp8_block y"));
+  }
+  const int smem2 = C::kSmemBytes + (C::kHalves ? kBlkYStoreBytes : 0);
   return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
-                              C::kSmemBytes, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, g2, n_tiles2);
+                              smem2, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, my, g2, n_tiles2);
 }
 
 // The BM 64 gemms (mma.sync, grid (tiles_max, N tiles), pipelines kStages1 (gemm1) and kStages2

@@ -339,19 +339,36 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       });
 }
 
+// Shared memory of the 128 x 256 gemm2 beyond its ring: the staging buffers of both consumer
+// warpgroups' y stores (sm90::tma_store_f32_rows), on the first 1024-byte boundary after the ring's
+// barriers (the stages are whole 1 KiB units, the barriers 16 bytes a stage).
+constexpr int kBlkYStoreBytes =
+    int(kSw128AtomBytes - 16 * Fp8Ring<128, 256>::kStages % kSw128AtomBytes + 2 * sm90::kF32StoreBytesPerWarpgroup);
+static_assert(Fp8Ring<128, 256>::kSmemBytes + kBlkYStoreBytes <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
+
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
 // rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for 64 x 256, half h: h0 + 128 h .. for
 // 128 x 256. In p.splits K ranges, range sp writing its partial at p.out + sp * p.y_split.
+// 128 x 256 tiles: my = y as [splits * Tk, H] f32 (boxes of 32 x 64, encode_tensor_map_2d); a
+// warpgroup whose 64 rows are all the expert's stores them by TMA through kBlkYStoreBytes of shared
+// memory, one with padding rows from registers.
+// NOTE: from registers, the 128 KiB of a tile's f32 y bounded the down gemm at Qwen3-30B's K = 768
+// (6 slices a tile): lg_throttle its top stall, the tensor pipe at 41% (E110, E124).
 template <int kBM, int kN = kFp8RingN<kBM>>
 __global__ void __launch_bounds__(kFp8RingThreads, 1)
-    gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, BlkArgs p,
-                     int n_tiles) {
+    gemm2_blk_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                     const __grid_constant__ CUtensorMap my, BlkArgs p, int n_tiles) {
   using C = Fp8Ring<kBM, kN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename C::Smem sm = ws_setup<typename C::Smem>(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int wg_cols = kBM == 128 ? 0 : kBlk;
   constexpr int half_cols = C::kHalves ? kBlk : 0;
+  uint32_t ybuf = 0;  // this consumer warpgroup's staging buffers (128 x 256 tiles)
+  if constexpr (C::kHalves) {
+    ybuf = smem_addr(align_smem_1024(ws_extra_smem_of<typename C::Smem>(smem_raw))) +
+           uint32_t(warpgroup_index() & 1) * sm90::kF32StoreBytesPerWarpgroup;
+  }
   blk_run<kBM, kN>(
       sm, &ma, &mb, p, n_tiles, p.I, p.H, p.splits,
       [&](int m, int n, int& row0, int (&b)[C::kBoxes]) {
@@ -378,10 +395,19 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
           }
         };
         if constexpr (C::kHalves) {
-          store(0, acc_all[0]);
-          store(1, acc_all[1]);
+          if (64 * wg + 64 <= nrows) {  // warpgroup-uniform
+            const int row = sp * p.tk + row0 + 64 * wg;  // y_split = Tk H
+            sm90::tma_store_f32_rows<16>(&my, ybuf, wg, row, n * C::kNCols, acc_all[0]);
+            sm90::tma_store_f32_rows<16>(&my, ybuf, wg, row, n * C::kNCols + kBlk, acc_all[1]);
+          } else {
+            store(0, acc_all[0]);
+            store(1, acc_all[1]);
+          }
         } else {
           store(0, acc_all);
         }
       });
+  if constexpr (C::kHalves) {
+    if (warp < kWsConsumerWarps) sm90::tma_store_f32_drain();
+  }
 }

@@ -1,0 +1,71 @@
+// A warpgroup's f32 wgmma accumulators (64 rows) to global memory through shared memory and TMA
+// stores: the rows are staged in chunks of 32 columns (128 bytes a row: one 128-byte swizzle row,
+// the box of a tensor map from encode_tensor_map_2d over f32) in two buffers of the warpgroup, and
+// one thread stores each chunk while the warpgroup writes the next. The consumers then leave the
+// tile after a few shared-memory stores instead of queueing 128-byte-strided global stores
+// (docs/experiments.md E124).
+// CUDA-only header: include only from .cu / .cuh files.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/tma.cuh"
+
+namespace moekit::cuda::sm90 {
+
+constexpr int kF32ChunkCols = 32;                                 // f32 columns of a staged chunk
+constexpr uint32_t kF32ChunkBytes = 64 * kF32ChunkCols * 4;       // a warpgroup's 64 rows of a chunk
+constexpr uint32_t kF32StoreBytesPerWarpgroup = 2 * kF32ChunkBytes;  // its two buffers
+
+// Barrier of the 128 threads of warpgroup wg (named barrier 2 + wg; 1 is the consumers' barrier).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t a, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+
+// Warpgroup wg's rows [row, row + 64) of columns [col, col + 8 kJ) -> `map` (f32, 32 x 64 boxes, 128-byte
+// swizzle). acc[j][q]: the wgmma m64nN accumulator layout (thread: rows 16 (warp & 3) + lane / 4 and
+// + 8, columns 8 j + 2 (lane & 3) + {0, 1}; q = 2 h + c). buf: the warpgroup's
+// kF32StoreBytesPerWarpgroup, 1024-byte aligned. Every thread of the warpgroup calls it; the store
+// issued last may still run: tma_store_f32_drain before the kernel exits.
+// Buffer reuse: before the barrier that ends chunk c's writes, the storing thread waits until chunk
+// c - 1's store has read its buffer, which chunk c + 1 writes after that barrier.
+template <int kJ>
+__device__ __forceinline__ void tma_store_f32_rows(const CUtensorMap* map, uint32_t buf, int wg, int row, int col,
+                                                   const float (&acc)[kJ][4]) {
+  static_assert(kJ % 8 == 0, "an even number of 32-column chunks: every call starts in the first buffer");
+  const int lane = threadIdx.x & 31, r0 = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
+  const bool storer = (threadIdx.x & 127) == 0;
+#pragma unroll
+  for (int c = 0; c < kJ / 4; ++c) {
+    const uint32_t b = buf + uint32_t(c & 1) * kF32ChunkBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        // 16-byte unit 2 jj + (lane & 3) / 2 of the 128-byte row r, swizzled by r mod 8.
+        const uint32_t unit = uint32_t(2 * jj + ((lane & 3) >> 1)) ^ uint32_t(r & 7);
+        st_shared_f32x2(b + uint32_t(r) * 128u + (unit << 4) + 8u * uint32_t(lane & 1), acc[4 * c + jj][2 * h],
+                        acc[4 * c + jj][2 * h + 1]);
+      }
+    }
+    fence_proxy_async_smem();
+    if (storer) tma_store_wait_read<0>();
+    warpgroup_sync(wg);
+    if (storer) {
+      tma_store_2d(map, b, col + c * kF32ChunkCols, row);
+      tma_store_commit();
+    }
+  }
+}
+// The stores of tma_store_f32_rows complete (by the thread that issued them) before it exits.
+__device__ __forceinline__ void tma_store_f32_drain() {
+  if ((threadIdx.x & 127) == 0) tma_store_wait_all();
+}
+
+}  // namespace moekit::cuda::sm90
