@@ -130,13 +130,7 @@ __device__ __forceinline__ void route_batch(const RouteArgs& a, const int* s_loc
 // stores bounded the routing of T k = 32768 entries (E123).
 constexpr int kRouteStagedEntries = 48 * 1024;
 inline int route_smem_bytes(int64_t tk) { return tk <= kRouteStagedEntries ? int(tk) * 4 : 0; }
-// Dynamic shared memory a launch may take without the opt-in: 48 KiB less the kernel's static
-// ~16.5 KiB, with room to spare.
-constexpr int kRouteDynSmemNoOptIn = 24 * 1024;
 
-// kOptIn: the instantiation launched with more shared memory than the default 48 KiB (the opt-in
-// attribute is set on it alone; see launch_route).
-template <bool kOptIn>
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   wait_for_predecessor();
   extern __shared__ int s_row_entry[];  // [tk] where route_smem_bytes(tk) > 0
@@ -370,16 +364,13 @@ inline Status launch_route(const FusedMoeParams& p, const RouteLists& r, int64_t
                p.expert_map.present() ? p.expert_map.ptr<const int32_t>() : nullptr,
                r.local, r.offsets, r.row_entry, r.slot_row, r.tile_expert, r.tile_row0, r.num_tiles,
                int(tk), int(d.E), int(d.Eg), int(tiles_max), bm, r.zero, r.n_zero};
-  // Beside ~16.5 KiB of static shared memory, above 48 KiB in all a launch needs the opt-in: set on
-  // its own instantiation, always to the largest, so that concurrent launches never lower it.
+  // Beside 18 KiB of static shared memory, above 48 KiB in all a launch needs the opt-in; always the
+  // largest, so that concurrent launches never lower it under one another.
+  MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         route_smem_bytes(kRouteStagedEntries)),
+                                    what));
   const int smem = route_smem_bytes(tk);
-  if (smem > kRouteDynSmemNoOptIn) {
-    MOEKIT_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(route_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                           route_smem_bytes(kRouteStagedEntries)),
-                                      what));
-    return launch_pdl(route_kernel<true>, dim3(1), dim3(kRouteThreads), size_t(smem), s, what, ra);
-  }
-  return launch_pdl(route_kernel<false>, dim3(1), dim3(kRouteThreads), size_t(smem), s, what, ra);
+  return launch_pdl(route_kernel, dim3(1), dim3(kRouteThreads), size_t(smem), s, what, ra);
 }
 
 // SMs of the current device (the persistent kernels launch at most one CTA per SM): the cached
