@@ -111,18 +111,23 @@ __device__ __forceinline__ int lookup_local(const RouteArgs& a, const int* s_loc
 
 // The local experts of entries b + u * kRouteThreads + threadIdx.x (u < kRouteUnroll; -1 past tk),
 // all ids loaded before any is looked up: one memory round trip per batch, not one per entry.
+// Returns the batch's slots that hold entries for some thread (the same for the whole block): the
+// callers skip the others, so a batch of a few entries costs one slot, not kRouteUnroll.
 // NOTE: one entry at a time, the two passes over T * k = 32768 ids were a chain of dependent
-// loads: 53 us of Qwen3-30B T=4096 under ncu (docs/experiments.md E123).
+// loads: 53 us of Qwen3-30B T=4096 under ncu (docs/experiments.md E123). Every slot computed at
+// any T took the routing of one token (8 entries) from 5.9 to 8.0 us: 2.7x the instructions (E125).
 constexpr int kRouteUnroll = 8;
-__device__ __forceinline__ void route_batch(const RouteArgs& a, const int* s_local, int b, int (&e)[kRouteUnroll]) {
+__device__ __forceinline__ int route_batch(const RouteArgs& a, const int* s_local, int b, int (&e)[kRouteUnroll]) {
+  const int used = min(kRouteUnroll, (a.tk - b + kRouteThreads - 1) / kRouteThreads);
   int id[kRouteUnroll];
 #pragma unroll
   for (int u = 0; u < kRouteUnroll; ++u) {
     const int i = b + u * kRouteThreads + int(threadIdx.x);
-    id[u] = i < a.tk ? __ldg(a.ids + i) : -1;
+    id[u] = u < used && i < a.tk ? __ldg(a.ids + i) : -1;
   }
 #pragma unroll
-  for (int u = 0; u < kRouteUnroll; ++u) e[u] = lookup_local(a, s_local, id[u]);
+  for (int u = 0; u < kRouteUnroll; ++u) e[u] = u < used ? lookup_local(a, s_local, id[u]) : -1;
+  return used;
 }
 
 // Up to this many entries the rows' entries are gathered in shared memory (dynamic, 4 bytes an
@@ -172,9 +177,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 
   for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
     int e[kRouteUnroll];
-    route_batch(a, s_local, b, e);
+    const int used = route_batch(a, s_local, b, e);
 #pragma unroll
     for (int u = 0; u < kRouteUnroll; ++u) {
+      if (u >= used) break;  // block-uniform
       // The entry's place among its expert's rows, kept in slot_row until the offsets are known.
       const int i = b + u * kRouteThreads + tid;
       if (e[u] >= 0) a.slot_row[i] = atomicAdd(&s_cnt[e[u]], 1);
@@ -200,7 +206,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
   for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
     int e[kRouteUnroll];
-    route_batch(a, s_local, b, e);
+    const int used = route_batch(a, s_local, b, e);
     int row[kRouteUnroll];
 #pragma unroll
     for (int u = 0; u < kRouteUnroll; ++u) {  // this thread's own writes of the first pass
@@ -209,6 +215,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
     }
 #pragma unroll
     for (int u = 0; u < kRouteUnroll; ++u) {
+      if (u >= used) break;  // block-uniform
       const int i = b + u * kRouteThreads + tid;
       if (row[u] >= 0) {
         if (staged) {
