@@ -21,6 +21,7 @@
 #include "cuda/block_scan.cuh"
 #include "cuda/cuda_utils.h"
 #include "cuda/device_facts.h"
+#include "cuda/sm90/tma_store_f32.cuh"
 #include "ops/fused_moe/fused_moe_heuristic.h"
 #include "ops/fused_moe/fused_moe_sm90_config.h"
 #include "ops/fused_moe/fused_moe_sm90_grouped_common.cuh"
@@ -344,13 +345,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
 // gemm2 over the work list (M tiles x H / 256 x p.splits K ranges; the K ranges of one tile are
 // consecutive items): ma = a [Tk, I], mb = w2 as [E * H, I]. K range ks writes y + ks * y_split.
+// my = y as [splits * Tk, H] f32 (32 x 64 boxes): a consumer warpgroup whose 64 rows are all the
+// expert's stores them by TMA through shared memory (sm90::tma_store_f32_rows, kWsYStoreExtra), one
+// with padding rows from registers (E124).
+constexpr int kWsWords = kWsStages * 4;  // ws_run's item words, after the ring (ws_extra_smem)
+// The words, then the two warpgroups' y staging buffers on the next 1024-byte boundary.
+constexpr int kWsYStoreExtra = int(kSw128AtomBytes - 2 * kWsStages * 8 + 2 * sm90::kF32StoreBytesPerWarpgroup);
+static_assert(kWsWords <= int(kSw128AtomBytes) - 2 * kWsStages * 8, "the words fit before the staging buffers");
+static_assert(kWsSmemBytes + kWsYStoreExtra <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
 template <class TT>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    gemm2_ws_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Gemm2Args p,
-                    int n_tiles) {
+    gemm2_ws_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                    const __grid_constant__ CUtensorMap my, Gemm2Args p, int n_tiles) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, wg = warp >> 2;
+  const uint32_t ybuf = smem_addr(align_smem_1024(ws_extra_smem(smem_raw))) +
+                        uint32_t(wg & 1) * sm90::kF32StoreBytesPerWarpgroup;
   ws_run<TT>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
@@ -360,10 +371,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       },
       [&](const WsItem& it, const AccW& acc) {
         const int e = p.tile_expert[it.m], row0 = p.tile_row0[it.m], h0 = it.n * kBN;
-        store_gemm2<1, kWgNT, true>(acc.v, warp * 16, p.offsets[e + 1] - row0, p.H - h0,
-                                    p.y + it.ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
+        const int nrows = p.offsets[e + 1] - row0;
+        if (64 * wg + 64 <= nrows) {  // warpgroup-uniform; columns past H are clipped by the map
+          const int row = it.ks * int(p.y_split / p.H) + row0 + 64 * wg;  // y_split = Tk H
+          sm90::tma_store_f32_rows<kWgNT>(&my, ybuf, wg, row, h0, acc.v[0]);
+        } else {
+          store_gemm2<1, kWgNT, true>(acc.v, warp * 16, nrows, p.H - h0,
+                                      p.y + it.ks * p.y_split + int64_t(row0) * p.H + h0, p.H);
+        }
       },
       reinterpret_cast<uint32_t*>(ws_extra_smem(smem_raw)), p.counter);
+  if (warp < kWsConsumerWarps) sm90::tma_store_f32_drain();
 }
 
 // ---------------------------------------------------------------- host side
@@ -432,11 +450,14 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
   auto* fn1 = pick_gemm1(p.activation, d.g1u1, [](auto g1u1, auto act) {
     return gemm1_ws_kernel<TT, decltype(g1u1)::value, decltype(act)::value>;
   });
-  constexpr int kWords = kWsStages * 4;  // ws_run's item words, after the ring (ws_extra_smem)
-  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(n_tiles1), kWords, s, "fused_moe_sm90_grouped gemm1", ma1,
-                                                mb1, g1, n_tiles1));
-  return launch_ws_kernel_extra(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), kWords, s,
-                                "fused_moe_sm90_grouped gemm2", ma2, mb2, g2, n_tiles2);
+  MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(n_tiles1), kWsWords, s, "fused_moe_sm90_grouped gemm1",
+                                                ma1, mb1, g1, n_tiles1));
+  CUtensorMap my;
+  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.y, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                                              uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
+                                              "fused_moe_sm90_grouped y"));
+  return launch_ws_kernel_extra(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), kWsYStoreExtra, s,
+                                "fused_moe_sm90_grouped gemm2", ma2, mb2, my, g2, n_tiles2);
 }
 
 template <class TT>
