@@ -114,8 +114,8 @@ __device__ __forceinline__ int lookup_local(const RouteArgs& a, const int* s_loc
 // Returns the batch's slots that hold entries for some thread (the same for the whole block): the
 // callers skip the others, so a batch of a few entries costs one slot, not kRouteUnroll.
 // NOTE: one entry at a time, the two passes over T * k = 32768 ids were a chain of dependent
-// loads: 53 us of Qwen3-30B T=4096 under ncu (docs/experiments.md E123). Every slot computed at
-// any T took the routing of one token (8 entries) from 5.9 to 8.0 us: 2.7x the instructions (E125).
+// loads: 53 us of Qwen3-30B T=4096 under ncu (docs/experiments.md E123). Computing every slot at
+// any T gave the routing of one token (8 entries) 2.7x the instructions (E125).
 constexpr int kRouteUnroll = 8;
 __device__ __forceinline__ int route_batch(const RouteArgs& a, const int* s_local, int b, int (&e)[kRouteUnroll]) {
   const int used = min(kRouteUnroll, (a.tk - b + kRouteThreads - 1) / kRouteThreads);
