@@ -3,7 +3,10 @@
 # LIMIT bytes (default 64): an accumulator array that ptxas moved to local memory shows up here as a
 # stack frame of hundreds of bytes with no spills, and costs a large share of a tensor-core kernel's
 # speed (seen once: 512 bytes, ~2500 local loads and stores per CTA in the bf16 gemm1). The small
-# spills some kernels have are below the limit. Exits 1 when a kernel is over it.
+# spills some kernels have are below the limit. Also lists the kernels whose wgmma ptxas serialized
+# (its C7511-C7515 "Potential Performance Loss" notes: each group waits for the previous one; seen
+# in the per-row fp8 gemm1 since E120, docs/experiments.md E126). Exits 1 when a kernel is over the
+# limit or serialized.
 #   FILES="src/ops/fused_moe/X.cu ..." (default: the grouped .cu files)   LIMIT=64   NVCC=nvcc
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +27,13 @@ if ls "$T"/*.failed > /dev/null 2>&1; then
 fi
 cat "$T"/*.log | python3 -c '
 import re, subprocess, sys
-limit, cur, bad, n = int(sys.argv[1]), None, [], 0
+limit, cur, bad, n, serial = int(sys.argv[1]), None, [], 0, []
+demangle = lambda f: subprocess.run(["c++filt", f], capture_output=True, text=True).stdout.strip()
 for line in sys.stdin:
+    m = re.search(r"\((C751\d)\) Potential Performance Loss: wgmma.*function .(\S+).$", line.strip())
+    if m:
+        serial.append(f"{m.group(1)} wgmma serialized: {demangle(m.group(2))}")
+        continue
     m = re.search(r"Compiling entry function .(\S+). for", line)
     if m:
         cur = m.group(1)
@@ -34,11 +42,10 @@ for line in sys.stdin:
     if m and cur:
         n += 1
         if int(m.group(1)) > limit:
-            name = subprocess.run(["c++filt", cur], capture_output=True, text=True).stdout.strip()
-            bad.append(f"{m.group(1)} bytes stack frame ({m.group(2)} spilled): {name}")
+            bad.append(f"{m.group(1)} bytes stack frame ({m.group(2)} spilled): {demangle(cur)}")
         cur = None
-print(f"check_lmem: {n} kernels, {len(bad)} over {limit} bytes of stack frame")
-for b in bad:
+print(f"check_lmem: {n} kernels, {len(bad)} over {limit} bytes of stack frame, {len(serial)} with serialized wgmma")
+for b in bad + serial:
     print("  " + b)
-sys.exit(1 if bad or n == 0 else 0)
+sys.exit(1 if bad or serial or n == 0 else 0)
 ' "$LIMIT"

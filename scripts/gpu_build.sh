@@ -16,5 +16,6 @@ cp "$B/moekit" "$B/tests/moekit_tests" "$G"/
 strip "$G"/moekit "$G"/moekit_tests
 xz -T0 -6 "$G"/moekit "$G"/moekit_tests
 du -sh "$G"
-# Kernels whose accumulators ptxas put in local memory (a large stack frame): a silent slow-down.
-bash scripts/check_lmem.sh || echo "gpu_build.sh: WARNING: the kernels above have local-memory stack frames"
+# Kernels whose accumulators ptxas put in local memory (a large stack frame) or whose wgmma it
+# serialized: silent slow-downs.
+bash scripts/check_lmem.sh || echo "gpu_build.sh: WARNING: the kernels above have local-memory stack frames or serialized wgmma"
