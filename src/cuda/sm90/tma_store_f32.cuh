@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/smem.cuh"
 #include "cuda/sm90/tma.cuh"
 
 namespace moekit::cuda::sm90 {
@@ -18,6 +19,14 @@ namespace moekit::cuda::sm90 {
 constexpr int kF32ChunkCols = 32;                                 // f32 columns of a staged chunk
 constexpr uint32_t kF32ChunkBytes = 64 * kF32ChunkCols * 4;       // a warpgroup's 64 rows of a chunk
 constexpr uint32_t kF32StoreBytesPerWarpgroup = 2 * kF32ChunkBytes;  // its two buffers
+
+// Dynamic shared memory a kernel asks for beyond its ring (ring_end bytes from the 1024-byte aligned
+// base) for `before` bytes of its own and then nwg warpgroups' buffers on the next 1024-byte boundary,
+// where align_smem_1024(ring end + before) puts them.
+constexpr int tma_store_f32_extra_smem(int ring_end, int before, int nwg) {
+  constexpr int kAlign = int(kSw128AtomBytes);
+  return (ring_end + before + kAlign - 1) / kAlign * kAlign - ring_end + nwg * int(kF32StoreBytesPerWarpgroup);
+}
 
 // Barrier of the 128 threads of warpgroup wg (named barrier 2 + wg; 1 is the consumers' barrier).
 __device__ __forceinline__ void warpgroup_sync(int wg) {

@@ -349,9 +349,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // expert's stores them by TMA through shared memory (sm90::tma_store_f32_rows, kWsYStoreExtra), one
 // with padding rows from registers (E124).
 constexpr int kWsWords = kWsStages * 4;  // ws_run's item words, after the ring (ws_extra_smem)
-// The words, then the two warpgroups' y staging buffers on the next 1024-byte boundary.
-constexpr int kWsYStoreExtra = int(kSw128AtomBytes - 2 * kWsStages * 8 + 2 * sm90::kF32StoreBytesPerWarpgroup);
-static_assert(kWsWords <= int(kSw128AtomBytes) - 2 * kWsStages * 8, "the words fit before the staging buffers");
+// The words, then the two warpgroups' y staging buffers.
+constexpr int kWsYStoreExtra =
+    sm90::tma_store_f32_extra_smem(kWsStages * int(kWsStageBytes + 16), kWsWords, 2);
 static_assert(kWsSmemBytes + kWsYStoreExtra <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
 template <class TT>
 __global__ void __launch_bounds__(kWsThreads, 1)
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
-  const uint32_t ybuf = smem_addr(align_smem_1024(ws_extra_smem(smem_raw))) +
+  const uint32_t ybuf = smem_addr(align_smem_1024(ws_extra_smem(smem_raw) + kWsWords)) +
                         uint32_t(wg & 1) * sm90::kF32StoreBytesPerWarpgroup;
   ws_run<TT>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,

@@ -339,11 +339,10 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       });
 }
 
-// Shared memory of the 128 x 256 gemm2 beyond its ring: the staging buffers of both consumer
-// warpgroups' y stores (sm90::tma_store_f32_rows), on the first 1024-byte boundary after the ring's
-// barriers (the stages are whole 1 KiB units, the barriers 16 bytes a stage).
-constexpr int kBlkYStoreBytes =
-    int(kSw128AtomBytes - 16 * Fp8Ring<128, 256>::kStages % kSw128AtomBytes + 2 * sm90::kF32StoreBytesPerWarpgroup);
+// Shared memory of the 128 x 256 gemm2 beyond its ring (stages and barriers): the staging buffers of
+// both consumer warpgroups' y stores (sm90::tma_store_f32_rows).
+constexpr int kBlkYStoreBytes = sm90::tma_store_f32_extra_smem(
+    Fp8Ring<128, 256>::kStages * int(Fp8Ring<128, 256>::kStageBytes + 16), 0, 2);
 static_assert(Fp8Ring<128, 256>::kSmemBytes + kBlkYStoreBytes <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
 
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
