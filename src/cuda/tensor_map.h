@@ -33,20 +33,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // Tensor map of a row-major [rows, cols] matrix of `type` (elem_bytes each: 2 for bf16 / f16, 1 for
-// fp8 codes as UINT8) with row stride ld elements; boxes of 128 bytes of columns x box_rows rows,
-// 128-byte swizzle. Reads past the matrix (rows >= rows) land as zeros. Requires: base 16-byte
-// aligned, ld * elem_bytes % 16 == 0.
+// fp8 codes as UINT8, 4 for f32) with row stride ld elements; boxes of swizzle_bytes (128 or 64)
+// bytes of columns x box_rows rows, swizzled at that width. Reads past the matrix (rows >= rows)
+// land as zeros. Requires: base 16-byte aligned, ld * elem_bytes % 16 == 0.
 inline Status encode_tensor_map_2d(CUtensorMap* map, const void* base, CUtensorMapDataType type, uint32_t elem_bytes,
-                                   uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows, const char* what) {
+                                   uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows, const char* what,
+                                   uint32_t swizzle_bytes = 128) {
+  if (swizzle_bytes != 128 && swizzle_bytes != 64) {
+    return InvalidArgument(what, ": swizzle of ", swizzle_bytes, " bytes (128 or 64)");
+  }
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (enc == nullptr) return BackendError(what, ": the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {ld * elem_bytes};
-  const cuuint32_t box[2] = {128 / elem_bytes, box_rows};  // 128 bytes of K: one swizzle row
+  const cuuint32_t box[2] = {swizzle_bytes / elem_bytes, box_rows};  // one swizzle row of columns
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = enc(map, type, 2,
                          const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return BackendError(what, ": cuTensorMapEncodeTiled failed (CUresult ", int(r), ") for [", rows, ", ", cols,

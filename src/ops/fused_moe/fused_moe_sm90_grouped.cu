@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 constexpr int kWsWords = kWsStages * 4;  // ws_run's item words, after the ring (ws_extra_smem)
 // The words, then the two warpgroups' y staging buffers.
 constexpr int kWsYStoreExtra =
-    sm90::tma_store_f32_extra_smem(kWsStages * int(kWsStageBytes + 16), kWsWords, 2);
+    sm90::tma_store_f32_extra_smem<32>(kWsStages * int(kWsStageBytes + 16), kWsWords, 2);
 static_assert(kWsSmemBytes + kWsYStoreExtra <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
 template <class TT>
 __global__ void __launch_bounds__(kWsThreads, 1)
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const WsSmem sm = ws_setup(smem_raw, &ma, &mb);
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const uint32_t ybuf = smem_addr(align_smem_1024(ws_extra_smem(smem_raw) + kWsWords)) +
-                        uint32_t(wg & 1) * sm90::kF32StoreBytesPerWarpgroup;
+                        uint32_t(wg & 1) * sm90::kF32StoreBytesPerWarpgroup<32>;
   ws_run<TT>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kBK, kBK,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {

@@ -356,13 +356,13 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   if constexpr (!kQuantA) {
     MOEKIT_RETURN_IF_ERROR(quant_a_groups(p, l, g1, base, s, "fused_moe_sm90_grouped_fp8_block quant a"));
   }
-  CUtensorMap my{};  // y for the 128 x 256 tiles' TMA stores
-  if constexpr (C::kHalves) {
+  CUtensorMap my{};  // y for the TMA stores (kBlkYByTma)
+  if constexpr (kBlkYByTma<kBM, kN>) {
     MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                                 uint64_t(g2.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
-                                                "fused_moe_sm90_grouped_fp8_block y"));
+                                                "fused_moe_sm90_grouped_fp8_block y", 4 * kBlkYChunkCols<kBM, kN>));
   }
-  const int smem2 = C::kSmemBytes + (C::kHalves ? kBlkYStoreBytes : 0);
+  const int smem2 = C::kSmemBytes + kBlkYStoreBytes<kBM, kN>;
   return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
                               smem2, s, "fused_moe_sm90_grouped_fp8_block gemm2", m.ma2, m.mb2, my, g2, n_tiles2);
 }

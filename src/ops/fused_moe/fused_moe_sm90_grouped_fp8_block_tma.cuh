@@ -339,18 +339,28 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
       });
 }
 
-// Shared memory of the 128 x 256 gemm2 beyond its ring (stages and barriers): the staging buffers of
-// both consumer warpgroups' y stores (sm90::tma_store_f32_rows).
-constexpr int kBlkYStoreBytes = sm90::tma_store_f32_extra_smem(
-    Fp8Ring<128, 256>::kStages * int(Fp8Ring<128, 256>::kStageBytes + 16), 0, 2);
-static_assert(Fp8Ring<128, 256>::kSmemBytes + kBlkYStoreBytes <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
+// gemm2's y stores by TMA (sm90::tma_store_f32_rows) where the ring leaves room for two staging
+// buffers a warpgroup: 128 x 256 tiles (4 stages of 48 KiB) in 32-column chunks, 64 x 256 tiles (5
+// of 40 KiB) in 16-column chunks; the 128 x 128 tiles' 7 stages leave none.
+template <int kBM, int kN>
+constexpr bool kBlkYByTma = Fp8Ring<kBM, kN>::kHalves || kBM == 64;
+template <int kBM, int kN>
+constexpr int kBlkYChunkCols = Fp8Ring<kBM, kN>::kHalves ? 32 : 16;
+// The shared memory beyond the ring (stages and barriers): both consumer warpgroups' buffers.
+template <int kBM, int kN>
+constexpr int kBlkYStoreBytes =
+    kBlkYByTma<kBM, kN> ? sm90::tma_store_f32_extra_smem<kBlkYChunkCols<kBM, kN>>(
+                              Fp8Ring<kBM, kN>::kStages * int(Fp8Ring<kBM, kN>::kStageBytes + 16), 0, 2)
+                        : 0;
+static_assert(Fp8Ring<128, 256>::kSmemBytes + kBlkYStoreBytes<128, 256> <= kSm90SmemOptinBytes, "fits one CTA");
+static_assert(Fp8Ring<64, 256>::kSmemBytes + kBlkYStoreBytes<64, 256> <= kSm90SmemOptinBytes, "fits one CTA");
 
 // gemm2: ma = aq [Tk, I] (boxes of kBM rows), mb = w2 as [E * H, I] (boxes of 64 rows): N tile = H
 // rows [h0, h0 + kNCols); warpgroup wg: h0 + 128 wg .. for 64 x 256, half h: h0 + 128 h .. for
 // 128 x 256. In p.splits K ranges, range sp writing its partial at p.out + sp * p.y_split.
-// 128 x 256 tiles: my = y as [splits * Tk, H] f32 (boxes of 32 x 64, encode_tensor_map_2d); a
-// warpgroup whose 64 rows are all the expert's stores them by TMA through kBlkYStoreBytes of shared
-// memory, one with padding rows from registers.
+// kBlkYByTma tiles: my = y as [splits * Tk, H] f32 (boxes of kBlkYChunkCols x 64,
+// encode_tensor_map_2d): a warpgroup whose 64 rows are all the expert's stores them by TMA through
+// kBlkYStoreBytes of shared memory, one with padding rows from registers.
 // NOTE: from registers, the 128 KiB of a tile's f32 y bounded the down gemm at Qwen3-30B's K = 768
 // (6 slices a tile): lg_throttle its top stall, the tensor pipe at 41% (E110, E124).
 template <int kBM, int kN = kFp8RingN<kBM>>
@@ -363,10 +373,11 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int wg_cols = kBM == 128 ? 0 : kBlk;
   constexpr int half_cols = C::kHalves ? kBlk : 0;
-  uint32_t ybuf = 0;  // this consumer warpgroup's staging buffers (128 x 256 tiles)
-  if constexpr (C::kHalves) {
+  constexpr int kChunk = kBlkYChunkCols<kBM, kN>;
+  uint32_t ybuf = 0;  // this consumer warpgroup's staging buffers (kBlkYByTma tiles)
+  if constexpr (kBlkYByTma<kBM, kN>) {
     ybuf = smem_addr(align_smem_1024(ws_extra_smem_of<typename C::Smem>(smem_raw))) +
-           uint32_t(warpgroup_index() & 1) * sm90::kF32StoreBytesPerWarpgroup;
+           uint32_t(warpgroup_index() & 1) * sm90::kF32StoreBytesPerWarpgroup<kChunk>;
   }
   blk_run<kBM, kN>(
       sm, &ma, &mb, p, n_tiles, p.I, p.H, p.splits,
@@ -396,17 +407,24 @@ __global__ void __launch_bounds__(kFp8RingThreads, 1)
         if constexpr (C::kHalves) {
           if (64 * wg + 64 <= nrows) {  // warpgroup-uniform
             const int row = sp * p.tk + row0 + 64 * wg;  // y_split = Tk H
-            sm90::tma_store_f32_rows<16>(&my, ybuf, wg, row, n * C::kNCols, acc_all[0]);
-            sm90::tma_store_f32_rows<16>(&my, ybuf, wg, row, n * C::kNCols + kBlk, acc_all[1]);
+            sm90::tma_store_f32_rows<16, kChunk>(&my, ybuf, wg, row, n * C::kNCols, acc_all[0]);
+            sm90::tma_store_f32_rows<16, kChunk>(&my, ybuf, wg, row, n * C::kNCols + kBlk, acc_all[1]);
           } else {
             store(0, acc_all[0]);
             store(1, acc_all[1]);
+          }
+        } else if constexpr (kBlkYByTma<kBM, kN>) {  // 64 x 256: both warpgroups hold the 64 rows
+          if (nrows >= 64) {
+            sm90::tma_store_f32_rows<16, kChunk>(&my, ybuf, wg, sp * p.tk + row0, n * C::kNCols + wg * wg_cols,
+                                                 acc_all);
+          } else {
+            store(0, acc_all);
           }
         } else {
           store(0, acc_all);
         }
       });
-  if constexpr (C::kHalves) {
+  if constexpr (kBlkYByTma<kBM, kN>) {
     if (warp < kWsConsumerWarps) sm90::tma_store_f32_drain();
   }
 }
