@@ -48,9 +48,11 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t a, float x, float y) {
 // Swizzle: the 16-byte unit u of row r (row bytes RB) sits at unit u ^ ((r RB / 128) mod (RB / 16)),
 // the TMA's 128-byte (r mod 8) and 64-byte ((r / 2) mod 4) patterns; a warp's store of 8 rows x 32
 // bytes then takes the minimum two shared-memory wavefronts.
-template <int kJ, int kChunkCols = 32>
+// get(j, h) -> float2: the values this thread stores at its row h (0: r, 1: r + 8), columns
+// 8 j + 2 (lane & 3) + {0, 1} (the overload below: the accumulators themselves).
+template <int kJ, int kChunkCols = 32, class Get>
 __device__ __forceinline__ void tma_store_f32_rows(const CUtensorMap* map, uint32_t buf, int wg, int row, int col,
-                                                   const float (&acc)[kJ][4]) {
+                                                   Get get) {
   static_assert(kChunkCols == 32 || kChunkCols == 16, "128- or 64-byte rows");
   constexpr int kRowBytes = 4 * kChunkCols, kUnits = kRowBytes / 16, kJPerChunk = kChunkCols / 8;
   constexpr uint32_t kChunkBytes = 64u * kRowBytes;
@@ -69,8 +71,8 @@ __device__ __forceinline__ void tma_store_f32_rows(const CUtensorMap* map, uint3
 #pragma unroll
       for (int jj = 0; jj < kJPerChunk; ++jj) {
         const uint32_t unit = uint32_t(2 * jj + ((lane & 3) >> 1)) ^ sw;
-        st_shared_f32x2(b + uint32_t(r * kRowBytes) + (unit << 4) + 8u * uint32_t(lane & 1),
-                        acc[kJPerChunk * c + jj][2 * h], acc[kJPerChunk * c + jj][2 * h + 1]);
+        const float2 v = get(kJPerChunk * c + jj, h);
+        st_shared_f32x2(b + uint32_t(r * kRowBytes) + (unit << 4) + 8u * uint32_t(lane & 1), v.x, v.y);
       }
     }
     fence_proxy_async_smem();
@@ -81,6 +83,12 @@ __device__ __forceinline__ void tma_store_f32_rows(const CUtensorMap* map, uint3
       tma_store_commit();
     }
   }
+}
+template <int kJ, int kChunkCols = 32>
+__device__ __forceinline__ void tma_store_f32_rows(const CUtensorMap* map, uint32_t buf, int wg, int row, int col,
+                                                   const float (&acc)[kJ][4]) {
+  tma_store_f32_rows<kJ, kChunkCols>(map, buf, wg, row, col,
+                                     [&](int j, int h) { return make_float2(acc[j][2 * h], acc[j][2 * h + 1]); });
 }
 // The stores of tma_store_f32_rows complete (by the thread that issued them) before it exits.
 __device__ __forceinline__ void tma_store_f32_drain() {

@@ -21,6 +21,7 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/device_facts.h"
 #include "cuda/fp8_encode.cuh"
+#include "cuda/sm90/tma_store_f32.cuh"
 #include "cuda/tensor_map.h"
 #include "moekit/core/dtype.h"
 #include "moekit/ops/quant.h"
@@ -226,17 +227,42 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
       ws_item_words<Shape>(smem_raw), p.counter, [&](const WsItem& it) { return fp8_tail_tile(p, it.m); });
 }
 
+// gemm2's y by TMA (sm90::tma_store_f32_rows, E124) on 128 x 256 tiles: 16-column chunks, two 4 KiB
+// buffers a warpgroup on the first 1024-byte boundary after the staged scales and item words (the
+// 192 x 256 ring leaves no room for three warpgroups' buffers).
+template <class Shape>
+constexpr bool kFp8YByTma = Shape::kWgs == 2;
+constexpr int kFp8YChunkCols = 16;
+template <class Shape>
+constexpr int fp8_gemm2_smem_bytes() {
+  if constexpr (!kFp8YByTma<Shape>) {
+    return ws_gemm_smem_bytes<Shape>();
+  } else {
+    constexpr int used = ws_gemm_smem_bytes<Shape>() - int(kSw128AtomBytes);  // from the aligned base
+    return int(kSw128AtomBytes) + (used + int(kSw128AtomBytes) - 1) / int(kSw128AtomBytes) * int(kSw128AtomBytes) +
+           2 * int(sm90::kF32StoreBytesPerWarpgroup<kFp8YChunkCols>);
+  }
+}
+static_assert(fp8_gemm2_smem_bytes<WsShape<2>>() <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
+
 // gemm2: ma = aq [Tk, I] codes, mb = w2 as [E * H, I] codes; y = acc * s_a * w2_scale in f32, K range
-// ks -> y + ks * y_split. Shape as gemm1_fp8_kernel.
+// ks -> y + ks * y_split. Shape as gemm1_fp8_kernel. kFp8YByTma: my = y as [splits * Tk, H] f32
+// (16 x 64 boxes, 64-byte swizzle); a full tile's warpgroup whose 64 rows are all real stores them by
+// TMA, tail tiles and warpgroups with padding rows from registers.
 template <class Shape = WsShape<2>>
 __global__ void __launch_bounds__(Shape::kThreads, 1)
-    gemm2_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, Fp8GemmArgs p,
-                     int n_tiles) {
+    gemm2_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                     const __grid_constant__ CUtensorMap my, Fp8GemmArgs p, int n_tiles) {
   using Sm = typename Shape::Smem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const Sm sm = ws_setup<Sm, Shape::kConsumerWarps>(smem_raw, &ma, &mb);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
   float* wsm = reinterpret_cast<float*>(ws_extra_smem_of<Sm>(smem_raw)) + (warp % Shape::kConsumerWarps) * kWsScaleCols;
+  uint32_t ybuf = 0;
+  if constexpr (kFp8YByTma<Shape>) {
+    ybuf = smem_addr(align_smem_1024(reinterpret_cast<unsigned char*>(ws_item_words<Shape>(smem_raw) + Shape::kStages))) +
+           uint32_t(wg & 1) * sm90::kF32StoreBytesPerWarpgroup<kFp8YChunkCols>;
+  }
   ws_run<__nv_fp8_e4m3, Shape, kFp8Tail<Shape, WsTail::halves>>(
       sm, &ma, &mb, *p.num_tiles, n_tiles, p.splits, p.I / kSliceCodes, kSliceCodes,
       [&](const WsItem& it, int& row0, int& b0, int& b1) {
@@ -249,8 +275,23 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
         const int nrows = p.offsets[e + 1] - row0, c0 = 2 * (lane & 3);
         int rb, cw;  // the warp's first row and column (a tail tile: ws_consume_tail's layout)
         ws_warp_origin<WsTail::halves>(warp, tail, rb, cw);
-        if (rb >= nrows) return;  // no real row in the warp's 16
         const float ws_e = wscale_e(p, e);
+        if constexpr (kFp8YByTma<Shape>) {
+          if (!tail && 64 * wg + 64 <= nrows) {  // warpgroup-uniform
+            if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
+            const int r = row0 + rb + (lane >> 2);
+            const float sa[2] = {p.row_scale[r], p.row_scale[r + 8]};
+            const int c0 = 2 * (lane & 3);
+            sm90::tma_store_f32_rows<kWgNT, kFp8YChunkCols>(
+                &my, ybuf, wg, it.ks * int(p.y_split / p.H) + row0 + 64 * wg, h0, [&](int j, int h) {
+                  const float2 v = acc_pair(acc.v[0][j], h);
+                  const float2 ws = p.w_rows ? *reinterpret_cast<const float2*>(wsm + 8 * j + c0) : make_float2(ws_e, ws_e);
+                  return make_float2(v.x * sa[h] * ws.x, v.y * sa[h] * ws.y);
+                });
+            return;
+          }
+        }
+        if (rb >= nrows) return;  // no real row in the warp's 16
         if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -271,6 +312,9 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
         }
       },
       ws_item_words<Shape>(smem_raw), p.counter, [&](const WsItem& it) { return fp8_tail_tile(p, it.m); });
+  if constexpr (kFp8YByTma<Shape>) {
+    if (warp < Shape::kConsumerWarps) sm90::tma_store_f32_drain();
+  }
 }
 
 // ---------------------------------------------------------------- BM 64 tiles: mma.sync on e4m3
@@ -553,8 +597,15 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
                                               "fused_moe_sm90_grouped_fp8 gemm1", m.ma1, m.mb1, g1, n_tiles1));
 
   MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s, g1.amax != nullptr));
-  return launch_ws_kernel_cfg(gemm2_fp8_kernel<Shape>, grid(l.tiles_max * n_tiles2 * l.splits), Shape::kThreads, kSmem,
-                              s, "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, g2, n_tiles2);
+  CUtensorMap my{};  // y for the TMA stores (kFp8YByTma)
+  if constexpr (kFp8YByTma<Shape>) {
+    MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                                                uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
+                                                "fused_moe_sm90_grouped_fp8 y", 4 * kFp8YChunkCols));
+  }
+  return launch_ws_kernel_cfg(gemm2_fp8_kernel<Shape>, grid(l.tiles_max * n_tiles2 * l.splits), Shape::kThreads,
+                              fp8_gemm2_smem_bytes<Shape>(), s, "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, my,
+                              g2, n_tiles2);
 }
 
 // The 64 x 256 gemms (fused_moe_sm90_grouped_fp8_row_tma64) and the quantization of a between them.
