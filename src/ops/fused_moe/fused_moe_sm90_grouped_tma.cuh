@@ -346,7 +346,9 @@ __device__ __forceinline__ void ws_run(const typename Shape::Smem& sm, const CUt
     return;
   }
   if constexpr (Shape::kProducerWg) setmaxnreg_inc<Shape::kConsumerRegs>();
-  const int wg = warpgroup_index();
+  // The warpgroup index broadcast from lane 0 (E120) where there are no tail tiles; with them, ptxas
+  // serialized the gate/up wgmma of the per-row fp8 gemm1 (C7511, E126).
+  const int wg = kTail == WsTail::none ? warpgroup_index() : warp >> 2;
   while (true) {
     mbar_wait(sm.full(ring.s), ring.phase);  // the item's first stage: its word is set
     // Read by the lane that later releases the stage (its arrive orders the read before the
