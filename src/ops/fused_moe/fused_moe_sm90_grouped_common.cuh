@@ -134,12 +134,19 @@ __device__ __forceinline__ int route_batch(const RouteArgs& a, const int* s_loca
 // entry) and written out in order: one SM issues one request per scattered 4-byte store, and those
 // stores bounded the routing of T k = 32768 entries (E123).
 constexpr int kRouteStagedEntries = 48 * 1024;
-inline int route_smem_bytes(int64_t tk) { return tk <= kRouteStagedEntries ? int(tk) * 4 : 0; }
+// At most kRouteThreads entries (one a thread) nothing is staged: route_kernel keeps each thread's
+// entry in registers between the passes and stores its row directly (E125).
+inline int route_smem_bytes(int64_t tk) {
+  return tk > kRouteThreads && tk <= kRouteStagedEntries ? int(tk) * 4 : 0;
+}
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   wait_for_predecessor();
   extern __shared__ int s_row_entry[];  // [tk] where route_smem_bytes(tk) > 0
-  const bool staged = a.tk <= kRouteStagedEntries;
+  const bool one = a.tk <= kRouteThreads;  // one entry a thread, held in registers
+  const bool staged = !one && a.tk <= kRouteStagedEntries;
+  // Entry tid's id where one, loaded first: its round trip overlaps the table's.
+  const int id1 = one && int(threadIdx.x) < a.tk ? __ldg(a.ids + threadIdx.x) : -1;
   __shared__ int s_cnt[kMaxE];
   __shared__ int s_off[kMaxE + 1];
   __shared__ int s_toff[kMaxE + 1];
@@ -175,7 +182,13 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   for (int e = tid; e < kMaxE; e += kRouteThreads) s_cnt[e] = 0;
   __syncthreads();  // also publishes a.local (global writes) to the block
 
-  for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
+  // Entry tid where one: its local expert and its place among the expert's rows.
+  int e1 = -1, slot1 = -1;
+  if (one) {
+    e1 = lookup_local(a, s_local, id1);
+    if (e1 >= 0) slot1 = atomicAdd(&s_cnt[e1], 1);
+  }
+  for (int b = 0; !one && b < a.tk; b += kRouteThreads * kRouteUnroll) {
     int e[kRouteUnroll];
     const int used = route_batch(a, s_local, b, e);
 #pragma unroll
@@ -204,7 +217,12 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
   for (int e = tid; e <= a.E; e += kRouteThreads) a.offsets[e] = s_off[e];
 
   // Rows: the order inside an expert follows the atomics (it changes no value, see the top).
-  for (int b = 0; b < a.tk; b += kRouteThreads * kRouteUnroll) {
+  if (one) {
+    const int row = e1 >= 0 ? s_off[e1] + slot1 : -1;
+    if (row >= 0) a.row_entry[row] = tid;
+    if (tid < a.tk) a.slot_row[tid] = row;
+  }
+  for (int b = 0; !one && b < a.tk; b += kRouteThreads * kRouteUnroll) {
     int e[kRouteUnroll];
     const int used = route_batch(a, s_local, b, e);
     int row[kRouteUnroll];
