@@ -235,12 +235,11 @@ constexpr bool kFp8YByTma = Shape::kWgs == 2;
 constexpr int kFp8YChunkCols = 16;
 template <class Shape>
 constexpr int fp8_gemm2_smem_bytes() {
+  constexpr int ring = ws_gemm_smem_bytes<Shape>();  // with the 1024 bytes of alignment slack
   if constexpr (!kFp8YByTma<Shape>) {
-    return ws_gemm_smem_bytes<Shape>();
+    return ring;
   } else {
-    constexpr int used = ws_gemm_smem_bytes<Shape>() - int(kSw128AtomBytes);  // from the aligned base
-    return int(kSw128AtomBytes) + (used + int(kSw128AtomBytes) - 1) / int(kSw128AtomBytes) * int(kSw128AtomBytes) +
-           2 * int(sm90::kF32StoreBytesPerWarpgroup<kFp8YChunkCols>);
+    return ring + sm90::tma_store_f32_extra_smem<kFp8YChunkCols>(ring - int(kSw128AtomBytes), 0, 2);
   }
 }
 static_assert(fp8_gemm2_smem_bytes<WsShape<2>>() <= kSm90SmemOptinBytes, "fits one CTA's shared memory");
