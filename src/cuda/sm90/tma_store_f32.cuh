@@ -13,6 +13,7 @@
 
 #include "cuda/sm90/smem.cuh"
 #include "cuda/sm90/tma.cuh"
+#include "cuda/tensor_map.h"
 
 namespace moekit::cuda::sm90 {
 
@@ -28,6 +29,13 @@ constexpr int tma_store_f32_extra_smem(int ring_end, int before, int nwg) {
   constexpr int kAlign = int(kSw128AtomBytes);
   return (ring_end + before + kAlign - 1) / kAlign * kAlign - ring_end +
          nwg * int(kF32StoreBytesPerWarpgroup<kChunkCols>);
+}
+
+// Host side: the map tma_store_f32_rows<kJ, kChunkCols> stores through, y as a row-major [rows, cols]
+// f32 matrix in boxes of kChunkCols columns x 64 rows, swizzled at 4 kChunkCols bytes.
+template <int kChunkCols>
+inline Status encode_f32_rows_map(CUtensorMap* map, float* y, uint64_t rows, uint64_t cols, const char* what) {
+  return encode_tensor_map_2d(map, y, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, cols, cols, 64, what, 4 * kChunkCols);
 }
 
 // Barrier of the 128 threads of warpgroup wg (named barrier 2 + wg; 1 is the consumers' barrier).

@@ -453,9 +453,8 @@ Status launch_ws(const FusedMoeParams& p, const Gemm1Args& g1, const Gemm2Args& 
   MOEKIT_RETURN_IF_ERROR(launch_ws_kernel_extra(fn1, grid(n_tiles1), kWsWords, s, "fused_moe_sm90_grouped gemm1",
                                                 ma1, mb1, g1, n_tiles1));
   CUtensorMap my;
-  MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.y, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                              uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
-                                              "fused_moe_sm90_grouped y"));
+  MOEKIT_RETURN_IF_ERROR(sm90::encode_f32_rows_map<32>(&my, g2.y, uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H),
+                                                        "fused_moe_sm90_grouped y"));
   return launch_ws_kernel_extra(gemm2_ws_kernel<TT>, grid(n_tiles2 * l.splits), kWsYStoreExtra, s,
                                 "fused_moe_sm90_grouped gemm2", ma2, mb2, my, g2, n_tiles2);
 }

@@ -275,12 +275,12 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
         int rb, cw;  // the warp's first row and column (a tail tile: ws_consume_tail's layout)
         ws_warp_origin<WsTail::halves>(warp, tail, rb, cw);
         const float ws_e = wscale_e(p, e);
+        if (rb >= nrows) return;  // no real row in the warp's 16
+        if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
         if constexpr (kFp8YByTma<Shape>) {
-          if (!tail && 64 * wg + 64 <= nrows) {  // warpgroup-uniform
-            if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
+          if (!tail && 64 * wg + 64 <= nrows) {  // warpgroup-uniform (every warp has real rows)
             const int r = row0 + rb + (lane >> 2);
             const float sa[2] = {p.row_scale[r], p.row_scale[r + 8]};
-            const int c0 = 2 * (lane & 3);
             sm90::tma_store_f32_rows<kWgNT, kFp8YChunkCols>(
                 &my, ybuf, wg, it.ks * int(p.y_split / p.H) + row0 + 64 * wg, h0, [&](int j, int h) {
                   const float2 v = acc_pair(acc.v[0][j], h);
@@ -290,8 +290,6 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
             return;
           }
         }
-        if (rb >= nrows) return;  // no real row in the warp's 16
-        if (p.w_rows) stage_wscales(wsm, p.w_scale, e, p.H, h0 + 8 * lane, lane);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int rl = rb + (lane >> 2) + 8 * h;
@@ -598,9 +596,8 @@ Status run_fp8_tma(const FusedMoeParams& p, const Fp8Workspace& l, const Fp8Gemm
   MOEKIT_RETURN_IF_ERROR(launch_quant_a(d, l, g1.offsets, a, aq, sa, s, g1.amax != nullptr));
   CUtensorMap my{};  // y for the TMA stores (kFp8YByTma)
   if constexpr (kFp8YByTma<Shape>) {
-    MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                                uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
-                                                "fused_moe_sm90_grouped_fp8 y", 4 * kFp8YChunkCols));
+    MOEKIT_RETURN_IF_ERROR(sm90::encode_f32_rows_map<kFp8YChunkCols>(
+        &my, g2.out, uint64_t(l.splits) * uint64_t(l.tk), uint64_t(d.H), "fused_moe_sm90_grouped_fp8 y"));
   }
   return launch_ws_kernel_cfg(gemm2_fp8_kernel<Shape>, grid(l.tiles_max * n_tiles2 * l.splits), Shape::kThreads,
                               fp8_gemm2_smem_bytes<Shape>(), s, "fused_moe_sm90_grouped_fp8 gemm2", m.ma2, m.mb2, my,

@@ -358,9 +358,9 @@ Status run_blk_tma(const FusedMoeParams& p, const Fp8Workspace& l, const BlkArgs
   }
   CUtensorMap my{};  // y for the TMA stores (kBlkYByTma)
   if constexpr (kBlkYByTma<kBM, kN>) {
-    MOEKIT_RETURN_IF_ERROR(encode_tensor_map_2d(&my, g2.out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                                uint64_t(g2.splits) * uint64_t(l.tk), uint64_t(d.H), uint64_t(d.H), 64,
-                                                "fused_moe_sm90_grouped_fp8_block y", 4 * kBlkYChunkCols<kBM, kN>));
+    constexpr int kChunk = kBlkYChunkCols<kBM, kN>;
+    MOEKIT_RETURN_IF_ERROR(sm90::encode_f32_rows_map<kChunk>(
+        &my, g2.out, uint64_t(g2.splits) * uint64_t(l.tk), uint64_t(d.H), "fused_moe_sm90_grouped_fp8_block y"));
   }
   const int smem2 = C::kSmemBytes + kBlkYStoreBytes<kBM, kN>;
   return launch_ws_kernel_cfg(gemm2_blk_kernel<kBM, kN>, grid(l.tiles_max * n_tiles2 * g2.splits), kFp8RingThreads,
