@@ -277,6 +277,30 @@ TEST(FusedMoeSm90GroupedFp8Bm64, ZeroRowsAndLargeValues) {
   expect_bm64_matches_ref(prob);
 }
 
+// H and I off the 128 grid (gpt-oss: H = I = 2880), which only these tiles take (E133): H = 160 (a
+// last K slice of 32 codes, one gemm2 N tile with 96 columns past H), I = 224 (the second gate/up N
+// tile 96 columns wide, gemm2 K one slice and 96 codes); experts of 1 to 130 rows; g1u0 with
+// I = 96 and H = 288. The auto kernel takes these tiles there.
+TEST(FusedMoeSm90GroupedFp8Bm64, SizesOffThe128Grid) {
+  SKIP_WITHOUT_BM64();
+  for (Scheme sc : {Scheme::fp8_tensor, Scheme::fp8_channel}) {
+    SCOPED_TRACE(scheme_name(sc));
+    MoeProblem prob = make(small_shape(sc, 389, 6, 1, 160, 224));
+    moe_test::assign_expert_rows(&prob, {64, 65, 1, 130, 129});
+    expect_bm64_matches_ref(prob);
+    moe_test::expect_fp8_cuda_matches_ref(prob, kAutoRow, kAutoTkw1);
+    MoeProblem g1u0 = moe_test::make_g1u0_gelu_expert_map(sc, 40, 10, 3, 288, 96);
+    expect_bm64_matches_ref(g1u0);
+  }
+  MoeShape on_input = small_shape(Scheme::fp8_channel, 100, 4, 1, 96, 160);
+  on_input.weight_on_input = true;
+  MoeProblem prob = make(on_input);
+  expect_bm64_matches_ref(prob);
+  // Off the 32 grid these tiles refuse; off the 128 grid the TMA tiles do.
+  moe_test::expect_refuses(kRow64, small_shape(Scheme::fp8_channel, 3, 4, 2, 144, 128));
+  moe_test::expect_refuses(kRow, small_shape(Scheme::fp8_channel, 3, 4, 2, 160, 224));
+}
+
 constexpr const char* kRowT64 = "fused_moe_sm90_fp8_row [grouped/64x256.ring5]";
 constexpr const char* kTkw1T64 = kRowT64;
 

@@ -124,6 +124,14 @@ inline bool fused_moe_sm90_grouped_fp8_m192(int64_t tk, int64_t E) {
          (touched_experts(tk, E) >= kGroupedFp8M192TieExperts && p192 <= kGroupedFp8M192Tie * p128);
 }
 
+// H and I the fp8 per-row grouped kernels take: multiples of kFp8RowMinMultiple on the 64 x 256 mma
+// tiles (16-byte cp.async chunks with the last K slice zero-padded, a warp's 32 output columns all
+// valid or all past the end), multiples of 128 on the TMA tiles (whole 128-code K slices).
+// NOTE: before, shapes off the 128 grid (gpt-oss: H = I = 2880) fell back to small_m, 57x slower
+// than bf16 at T = 4096 (E133).
+constexpr int kFp8RowMinMultiple = 32;
+constexpr bool fp8_row_tma_takes(int64_t H, int64_t I) { return H % 128 == 0 && I % 128 == 0; }
+
 // The down GEMM (gemm2) of the 64 x 256 TMA tiles (fp8 per-row and block variants) in `splits` K
 // ranges, each written as an f32 partial of y that the reduce step adds in a fixed order (so the
 // result stays deterministic), where its tiles would fill too few SMs: as many ranges as fit the

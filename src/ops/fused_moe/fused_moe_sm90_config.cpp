@@ -92,11 +92,13 @@ std::vector<Sm90Config> grouped_families(const Sm90Problem& p) {
       }
       break;
     case Sm90Recipe::fp8_row:
-      if (p.H % 128 == 0 && p.I % 128 == 0) {
+      if (fp8_row_tma_takes(p.H, p.I)) {
         if (tma256) out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::ring));
         out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::mma));
         out.push_back(grouped(p.recipe, 128, 256, Sm90Mainloop::ws));
         out.push_back(grouped(p.recipe, 192, 256, Sm90Mainloop::ws));
+      } else if (p.H % kFp8RowMinMultiple == 0 && p.I % kFp8RowMinMultiple == 0) {
+        out.push_back(grouped(p.recipe, 64, 256, Sm90Mainloop::mma));  // the only tile off the 128 grid
       }
       break;
     case Sm90Recipe::fp8_block:
@@ -121,6 +123,7 @@ Sm90Config pick_grouped(const Sm90Problem& p) {
                                                                                   : Sm90Mainloop::mma);
     }
     case Sm90Recipe::fp8_row:  // D6-D8
+      if (!fp8_row_tma_takes(p.H, p.I)) return grouped(p.recipe, 64, 256, Sm90Mainloop::mma);
       switch (fp8_row_tiles(p.tk(), p.E, tma256)) {
         case Fp8RowTiles::tma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::ring);
         case Fp8RowTiles::mma64: return grouped(p.recipe, 64, 256, Sm90Mainloop::mma);
@@ -166,7 +169,9 @@ std::string tile_refusal(const Sm90Problem& p, const Sm90Config& c) {
     compiled |= f.tile_m == c.tile_m && f.tile_n == c.tile_n && f.mainloop == c.mainloop;
   }
   if (!compiled) return std::string("not a tile of the ") + sm90_recipe_name(p.recipe) + " kernels (they have " + family_list(any) + ")";
-  const int64_t slice = p.recipe == Sm90Recipe::bf16 ? 64 : 128;
+  const int64_t slice = p.recipe == Sm90Recipe::bf16                                     ? 64
+                        : p.recipe == Sm90Recipe::fp8_row && c.mainloop == Sm90Mainloop::mma ? kFp8RowMinMultiple
+                                                                                             : 128;
   if (p.H % slice != 0 || p.I % slice != 0) return "H and I must be multiples of " + std::to_string(slice) + at;
   if (c.mainloop == Sm90Mainloop::mma) {
     return "the 64-row block tiles stage K / 128 scales in shared memory: max(H, I) must be <= " +

@@ -340,7 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   mainloop_rows<E4m3x2, kMmaBM, G1U1 ? kBN / 2 : 8 * MmaTile::kNG>(
       smem_raw, src, k2, G1U1 ? wn * kGW : wn * MmaTile::kWarpCols, row_end - row0, acc);
 
-  // The warp's columns lie in one 32-aligned block and I % 128 == 0: all valid or all past I.
+  // The warp's columns lie in one 16-aligned block (g1u1; 32 for g1u0) and I % 32 == 0: all valid or
+  // all past I.
   const int ic = i0 + wn * (G1U1 ? kGW : MmaTile::kWarpCols);
   if (ic >= p.I) return;
   const int nrows = row_end - row0, c0 = ic + 2 * (lane & 3);
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Acc<kNT> acc;
   mainloop_rows<E4m3x2, kMmaBM, 8 * MmaTile::kNG>(smem_raw, src, k2, wn * MmaTile::kWarpCols, row_end - row0, acc);
 
-  const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 128 == 0: the warp's 32 columns all valid or all past H
+  const int hc = h0 + wn * MmaTile::kWarpCols;  // H % 32 == 0: the warp's 32 columns all valid or all past H
   if (hc >= p.H) return;
   const int nrows = row_end - row0, c0 = hc + 2 * (lane & 3);
   const float ws_e = wscale_e(p, e);
@@ -716,6 +717,18 @@ Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p) {
   return fused_moe_sm90_grouped_limits(p);
 }
 
+Status fused_moe_sm90_grouped_fp8_row_shape_supports(const FusedMoeParams& p) {
+  const MoeDims d = moe_dims(p);
+  if (d.H % kFp8RowMinMultiple != 0) {
+    return Unsupported("x: hidden size H must be a multiple of ", kFp8RowMinMultiple, " (fp8 per-row), got ", d.H);
+  }
+  if (d.I % kFp8RowMinMultiple != 0) {
+    return Unsupported("w2: intermediate size I must be a multiple of ", kFp8RowMinMultiple, " (fp8 per-row), got ",
+                       d.I);
+  }
+  return fused_moe_sm90_grouped_limits(p);
+}
+
 Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
   MOEKIT_RETURN_IF_ERROR(check_fp8_operands(p));
   if (p.scale_block_n != 0 || p.scale_block_k != 0) {
@@ -726,7 +739,7 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
   bool rows1 = false, rows2 = false;  // each scale per tensor or per row, independently
   MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows1));
   MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &rows2));
-  return fused_moe_sm90_grouped_fp8_shape_supports(p);
+  return fused_moe_sm90_grouped_fp8_row_shape_supports(p);
 }
 
 size_t fused_moe_sm90_grouped_fp8_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c) {

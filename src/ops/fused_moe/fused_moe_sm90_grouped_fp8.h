@@ -31,11 +31,14 @@ struct Sm90Config;  // fused_moe_sm90_config.h
 namespace moekit::cuda {
 
 // ok, or why the kernel refuses p (host tensors, non-fp8 weights, block scales, H or I not multiples
-// of 128, k > 32, E > 1024, misaligned rows).
+// of kFp8RowMinMultiple, k > 32, E > 1024, misaligned rows). The TMA tiles take H, I multiples of
+// 128 only (fp8_row_tma_takes): the config rules offer the 64 x 256 mma tiles alone elsewhere.
 Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p);
-// The size limits shared with fused_moe_sm90_grouped_fp8_block: H, I multiples of 128, then
+// The size limits of fused_moe_sm90_grouped_fp8_block: H, I multiples of 128, then
 // fused_moe_sm90_grouped_limits.
 Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p);
+// The per-row kernel's: H, I multiples of kFp8RowMinMultiple, then fused_moe_sm90_grouped_limits.
+Status fused_moe_sm90_grouped_fp8_row_shape_supports(const FusedMoeParams& p);
 // Workspace bytes / run of p with config c, a resolved fp8_row grouped config
 // (fused_moe_sm90_config.h): 64 x 256 ring or mma, 128 x 256 or 192 x 256 ws; p validated and
 // supported, c legal for p, ctx.workspace on the device.

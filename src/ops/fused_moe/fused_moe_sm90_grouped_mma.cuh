@@ -22,8 +22,9 @@
 // latency with only 2 warps per scheduler.
 // Resources (ptxas, nvcc 13.0, sm_90a): BM 128 gemm1 238-240 / gemm2 255 registers, BM 64
 // 162-184, no spills; 1 CTA (8 warps) per SM.
-// Requirements: K % 64 == 0, every source row 16-byte aligned. Rows a caller marks invalid are
-// zero-filled (cp.async src-size 0) and never read from global memory.
+// Requirements: K % 8 == 0 (16-byte chunks), every source row 16-byte aligned. Rows a caller marks
+// invalid, and the chunks of the last K slice past K, are zero-filled (cp.async src-size 0) and
+// never read from global memory.
 // Tests: tests/test_fused_moe_sm90_grouped.cpp (suite FusedMoeSm90Grouped).
 #pragma once
 
@@ -154,22 +155,24 @@ __device__ __forceinline__ void for_lane_rows(int lane, int nrows, F&& f) {
   }
 }
 
+// The K slice from k0 into `stage`; chunks at or past K (a last, partial slice) are zero-filled.
 template <class TT, int BM>
-__device__ __forceinline__ void load_stage(uint32_t stage, const TileSources<TT, BM>& src, int k0, int tid,
+__device__ __forceinline__ void load_stage(uint32_t stage, const TileSources<TT, BM>& src, int k0, int K, int tid,
                                            int64_t b_off = 0) {
   using Tl = Tile<BM>;
   const int ch = tid & 7;
+  const bool in_k = k0 + ch * 8 < K;
   const uint32_t sb = stage + Tl::kBM * kBK * 2;
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsA; ++i) {
-    const bool ok = src.a_row[i] >= 0;
+    const bool ok = in_k && src.a_row[i] >= 0;
     const TT* row = ok ? src.a_base + int64_t(src.a_row[i]) * src.a_ld + k0 : src.a_base;
     cp_async_16(stage + swz_bytes(loader_row(tid, i), ch * 8), row + ch * 8, ok);
   }
 #pragma unroll
   for (int i = 0; i < Tl::kLoadsB; ++i) {
     constexpr int kHalf = Tl::kLoadsB / 2;
-    const bool ok = (src.b_ok >> i) & 1u;
+    const bool ok = in_k && ((src.b_ok >> i) & 1u);
     const TT* row = ok ? src.b_run[i / kHalf] + (i % kHalf) * src.b_step + b_off + k0 : src.a_base;
     cp_async_16(sb + swz_bytes(loader_row(tid, i), ch * 8), row + ch * 8, ok);
   }
@@ -238,7 +241,7 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
     for (int j = 0; j < NT; ++j) MmaOp<TT>::run(acc.v[mi][j], f.a[mi], f.b[j][0], f.b[j][1]);
 }
 
-// acc = A . B^T over K (K % 64 == 0). `smem` holds Tile<BM>::kSmemBytes (HookStages<Hook> stages of
+// acc = A . B^T over K (K % 8 == 0; a last slice of fewer than 64 is zero-padded). `smem` holds Tile<BM>::kSmemBytes (HookStages<Hook> stages of
 // Tile<BM>::kStageElems elements when the hook sets its own depth); the warp's B 16-column
 // groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)) (kSplit = 8 NG for
 // consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups, then the matching up groups). Ends
@@ -273,12 +276,12 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc.v[mi][j][q] = 0.0f;
 
-  const int KT = K / kBK;
+  const int KT = (K + kBK - 1) / kBK;
   constexpr int kStages = HookStages<Hook>::value;
   static_assert(kStages * Tl::kStageElems * 2 <= kSm90SmemOptinBytes, "the stages fit one CTA's shared memory");
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KT) load_stage<TT, BM>(s0 + s * kStageBytes, src, s * kBK, tid);
+    if (s < KT) load_stage<TT, BM>(s0 + s * kStageBytes, src, s * kBK, K, tid);
     cp_async_commit();
   }
   cp_async_wait<kStages - 2>();
@@ -288,7 +291,7 @@ __device__ __forceinline__ void mainloop(void* smem, const TileSources<TT, BM>& 
   for (int kt = 0; kt < KT; ++kt) {
     // Slot (kt - 1) % kStages was last read before the barrier of the previous iteration.
     const int pf = kt + kStages - 1;
-    if (pf < KT) load_stage<TT, BM>(s0 + (pf % kStages) * kStageBytes, src, pf * kBK, tid);
+    if (pf < KT) load_stage<TT, BM>(s0 + (pf % kStages) * kStageBytes, src, pf * kBK, K, tid);
     cp_async_commit();
 
     const uint32_t sa = s0 + (kt % kStages) * kStageBytes;
