@@ -186,6 +186,31 @@ TEST(FusedMoeSm90Config, ExplicitConfigsResolveOrSayWhyNot) {
   EXPECT_EQ(resolve("small_m", &why), "small_m");
 }
 
+// fp8_row off the 128 grid (gpt-oss: H = I = 2880): only the 64 x 256 mma tile takes the shape, the
+// rules pick it at every T where they go grouped, and the TMA tiles refuse with the sizes (E133).
+TEST(FusedMoeSm90Config, Fp8RowOffThe128GridTakesTheMmaTile) {
+  Sm90Problem p;
+  p.recipe = Sm90Recipe::fp8_row;
+  p.k = 4, p.E = p.Eg = 128, p.H = 2880, p.I = 2880;
+  for (int64_t T : {16, 128, 1024, 4096}) {
+    p.T = T;
+    EXPECT_EQ(sm90_config_name(select_sm90_config(p, kH200Facts)), "grouped/64x256.mma4") << "T = " << T;
+    std::set<std::string> names;
+    for (const Sm90Config& c : legal_sm90_configs(p, kH200Facts)) names.insert(sm90_config_name(c));
+    EXPECT_EQ(names, (std::set<std::string>{"small_m", "grouped/64x256.mma4"})) << "T = " << T;
+  }
+  std::string why;
+  Sm90ConfigRequest req;
+  Sm90Config c;
+  ASSERT_TRUE(parse_sm90_config("grouped/128x256.ws4", p.recipe, &req, &why)) << why;
+  EXPECT_FALSE(resolve_sm90_config(p, kH200Facts, req, &c, &why));
+  EXPECT_NE(why.find("multiples of 128, got H = 2880"), std::string::npos) << why;
+  p.H = 2880 + 16;  // off the 32 grid: no grouped tile
+  ASSERT_TRUE(parse_sm90_config("grouped/64x256.mma4", p.recipe, &req, &why)) << why;
+  EXPECT_FALSE(resolve_sm90_config(p, kH200Facts, req, &c, &why));
+  EXPECT_NE(why.find("multiples of 32, got H = 2896"), std::string::npos) << why;
+}
+
 // The sweep's configs: every compiled stage pair, schedule and K range count of each tile that takes
 // the shape, each legal and named uniquely.
 TEST(FusedMoeSm90Config, LegalConfigsEnumerateTheVariants) {
