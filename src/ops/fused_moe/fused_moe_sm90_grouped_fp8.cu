@@ -710,23 +710,18 @@ Status run_fp8_typed(const FusedMoeParams& p, const Sm90Config& c, const RunCont
 }  // namespace
 }  // namespace grouped
 
-Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p) {
+namespace {
+// H and I multiples of m (`why`: what needs it), then fused_moe_sm90_grouped_limits.
+Status grouped_fp8_sizes(const FusedMoeParams& p, int m, const char* why) {
   const MoeDims d = moe_dims(p);
-  if (d.H % 128 != 0) return Unsupported("x: hidden size H must be a multiple of 128 (fp8 K slice), got ", d.H);
-  if (d.I % 128 != 0) return Unsupported("w2: intermediate size I must be a multiple of 128 (fp8 K slice), got ", d.I);
+  if (d.H % m != 0) return Unsupported("x: hidden size H must be a multiple of ", m, " (", why, "), got ", d.H);
+  if (d.I % m != 0) return Unsupported("w2: intermediate size I must be a multiple of ", m, " (", why, "), got ", d.I);
   return fused_moe_sm90_grouped_limits(p);
 }
+}  // namespace
 
-Status fused_moe_sm90_grouped_fp8_row_shape_supports(const FusedMoeParams& p) {
-  const MoeDims d = moe_dims(p);
-  if (d.H % kFp8RowMinMultiple != 0) {
-    return Unsupported("x: hidden size H must be a multiple of ", kFp8RowMinMultiple, " (fp8 per-row), got ", d.H);
-  }
-  if (d.I % kFp8RowMinMultiple != 0) {
-    return Unsupported("w2: intermediate size I must be a multiple of ", kFp8RowMinMultiple, " (fp8 per-row), got ",
-                       d.I);
-  }
-  return fused_moe_sm90_grouped_limits(p);
+Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p) {
+  return grouped_fp8_sizes(p, 128, "fp8 K slice");
 }
 
 Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
@@ -739,7 +734,7 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p) {
   bool rows1 = false, rows2 = false;  // each scale per tensor or per row, independently
   MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w1_scale, "w1_scale", d.E, d.N1, &rows1));
   MOEKIT_RETURN_IF_ERROR(check_fp8_weight_scale(p.w2_scale, "w2_scale", d.E, d.H, &rows2));
-  return fused_moe_sm90_grouped_fp8_row_shape_supports(p);
+  return grouped_fp8_sizes(p, kFp8RowMinMultiple, "fp8 per-row");
 }
 
 size_t fused_moe_sm90_grouped_fp8_config_workspace_bytes(const FusedMoeParams& p, const Sm90Config& c) {

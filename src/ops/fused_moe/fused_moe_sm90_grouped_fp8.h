@@ -37,8 +37,6 @@ Status fused_moe_sm90_grouped_fp8_supports(const FusedMoeParams& p);
 // The size limits of fused_moe_sm90_grouped_fp8_block: H, I multiples of 128, then
 // fused_moe_sm90_grouped_limits.
 Status fused_moe_sm90_grouped_fp8_shape_supports(const FusedMoeParams& p);
-// The per-row kernel's: H, I multiples of kFp8RowMinMultiple, then fused_moe_sm90_grouped_limits.
-Status fused_moe_sm90_grouped_fp8_row_shape_supports(const FusedMoeParams& p);
 // Workspace bytes / run of p with config c, a resolved fp8_row grouped config
 // (fused_moe_sm90_config.h): 64 x 256 ring or mma, 128 x 256 or 192 x 256 ws; p validated and
 // supported, c legal for p, ctx.workspace on the device.

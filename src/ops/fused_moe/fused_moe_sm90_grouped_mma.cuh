@@ -241,11 +241,12 @@ __device__ __forceinline__ void mma_step(Acc<NT>& acc, const Frags<NT>& f) {
     for (int j = 0; j < NT; ++j) MmaOp<TT>::run(acc.v[mi][j], f.a[mi], f.b[j][0], f.b[j][1]);
 }
 
-// acc = A . B^T over K (K % 8 == 0; a last slice of fewer than 64 is zero-padded). `smem` holds Tile<BM>::kSmemBytes (HookStages<Hook> stages of
-// Tile<BM>::kStageElems elements when the hook sets its own depth); the warp's B 16-column
-// groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit (g / (NG / 2)) (kSplit = 8 NG for
-// consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups, then the matching up groups). Ends
-// with every cp.async drained and a barrier, so the caller may reuse shared memory.
+// acc = A . B^T over K (K % 8 == 0; a last slice of fewer than 64 is zero-padded). `smem` holds
+// Tile<BM>::kSmemBytes (HookStages<Hook> stages of Tile<BM>::kStageElems elements when the hook sets
+// its own depth); the warp's B 16-column groups start at rows nbase0 + 16 (g % (NG / 2)) + kSplit
+// (g / (NG / 2)) (kSplit = 8 NG for consecutive groups; GEMM 1 g1u1 passes kBN / 2: gate groups,
+// then the matching up groups). Ends with every cp.async drained and a barrier, so the caller may
+// reuse shared memory.
 // MA: the m16 tiles of each warp that are multiplied (4, or fewer when the caller knows the rows
 // of the others are all invalid: their accumulators stay 0).
 // Hook: NoSliceHook, or a type with kActive = true and slice<MA>(kt, acc), called after the last
